@@ -1,0 +1,163 @@
+"""The configuration of a ToPS stream: what the paper calls its parameters, checked once, immutable.
+
+Configuration and state are kept apart: a :class:`ToPSConfig` says *how* a stream is released; the operator
+(:class:`operators.tops.ToPS`) holds what it has learned and drawn so far.
+
+>>> cfg = ToPSConfig(epsilon=1.0, bound=500)
+>>> cfg.fanout, cfg.query_range, cfg.holdout, cfg.smoother
+(16, 1048576, 65536, 'recent')
+>>> ToPSConfig(epsilon=0, bound=500)
+Traceback (most recent call last):
+...
+operators.config.ConfigError: epsilon must be a positive number (got 0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SMOOTHERS", "ConfigError", "ToPSConfig", "tree_height"]
+
+SMOOTHERS = ("recent", "ema", "mean", "median", "moving")
+
+
+class ConfigError(ValueError):
+    """A parameter is outside its allowed values; the message names it and what is allowed."""
+
+
+def tree_height(query_range: int, fanout: int) -> int:
+    """``h = ceil(log_b r)``, computed exactly on integers."""
+    h, span = 0, 1
+    while span < query_range:
+        span *= fanout
+        h += 1
+    return max(h, 1)
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        msg = f"{name} must be a positive number (got {value!r})"
+        raise ConfigError(msg)
+
+
+def _int_at_least(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        msg = f"{name} must be an integer >= {low} (got {value!r})"
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class ToPSConfig:
+    """Parameters of one ToPS stream (seed 001, Algorithm 1 and Sections 3.3-3.6).
+
+    Parameters
+    ----------
+    epsilon
+        Privacy budget of the released ticks (event-level eps-DP), split equally over the ``h - s`` tree layers.
+    bound
+        Public upper bound B of a value; larger values are clamped to B (and counted).
+    holdout
+        m, the number of first ticks used privately to choose the threshold theta; they are never released.
+    query_range
+        r, the longest range query the hierarchy is built for; a new tree starts every r released ticks.
+    fanout
+        b, the fan-out of the hierarchy.
+    smoother
+        How ticks inside a leaf are predicted (Appendix D): recent, ema, mean, median or moving.
+    smoother_layers
+        s, the number of lowest layers replaced by the smoother; ``None`` chooses it by Eq. 7.
+    alpha
+        Weight of the newest leaf in the EMA smoother.
+    window
+        Number of leaves the moving-average and median smoothers look back on.
+    resolution
+        Values are quantized to multiples of this before noise is added (noise is integer in these units).
+    threshold_epsilon
+        Budget of the threshold optimizer on the holdout (default: ``epsilon``; the holdout ticks are disjoint
+        from the released ones, so both compose in parallel).
+    theta
+        A fixed public threshold (from a public sample or domain knowledge): no holdout, no budget spent on it.
+    consistency
+        Make the hierarchy's noise consistent (Appendix C). Off only for baselines.
+    """
+
+    epsilon: float
+    bound: float
+    holdout: int = 65536
+    query_range: int = 1 << 20
+    fanout: int = 16
+    smoother: str = "recent"
+    smoother_layers: int | None = None
+    alpha: float = 0.6
+    window: int = 8
+    resolution: float = 1.0
+    threshold_epsilon: float | None = None
+    theta: float | None = None
+    consistency: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("epsilon", self.epsilon)
+        _positive("bound", self.bound)
+        _positive("resolution", self.resolution)
+        if self.bound / self.resolution > 2**40:
+            msg = "bound / resolution must stay below 2^40 so that sums are exact in float64"
+            raise ConfigError(msg)
+        if self.bound < self.resolution:
+            msg = f"bound must be at least one resolution step ({self.resolution})"
+            raise ConfigError(msg)
+        _int_at_least("holdout", self.holdout, 0)
+        _int_at_least("fanout", self.fanout, 2)
+        _int_at_least("query_range", self.query_range, 2)
+        if self.query_range > 1 << 32:
+            msg = f"query_range must be at most 2^32 (got {self.query_range})"
+            raise ConfigError(msg)
+        h = tree_height(self.query_range, self.fanout)
+        if self.query_range % self.fanout ** (h - 1):
+            msg = (
+                f"query_range must be a multiple of fanout^(h-1) = {self.fanout ** (h - 1)} "
+                f"(e.g. a power of the fanout; got {self.query_range})"
+            )
+            raise ConfigError(msg)
+        if self.smoother not in SMOOTHERS:
+            msg = f"smoother must be one of {', '.join(SMOOTHERS)} (got {self.smoother!r})"
+            raise ConfigError(msg)
+        if self.smoother_layers is not None:
+            _int_at_least("smoother_layers", self.smoother_layers, 0)
+            if self.smoother_layers > h - 1:
+                msg = f"smoother_layers must be between 0 and h - 1 = {h - 1} (got {self.smoother_layers})"
+                raise ConfigError(msg)
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float) or not 0 <= self.alpha <= 1:
+            msg = f"alpha must be in [0, 1] (got {self.alpha!r})"
+            raise ConfigError(msg)
+        _int_at_least("window", self.window, 1)
+        if self.threshold_epsilon is not None:
+            _positive("threshold_epsilon", self.threshold_epsilon)
+        if self.theta is not None:
+            _positive("theta", self.theta)
+            if self.theta > self.bound:
+                msg = f"theta must be at most bound ({self.bound}); got {self.theta}"
+                raise ConfigError(msg)
+        if not isinstance(self.consistency, bool):
+            msg = "consistency must be true or false"
+            raise ConfigError(msg)
+
+    @property
+    def height(self) -> int:
+        """h = ceil(log_b r), the number of layers of a full hierarchy."""
+        return tree_height(self.query_range, self.fanout)
+
+    @property
+    def holdout_ticks(self) -> int:
+        """Ticks held out for the threshold: m, or 0 when theta is fixed."""
+        return 0 if self.theta is not None else self.holdout
+
+    def replace(self, **changes: Any) -> ToPSConfig:
+        """A copy with some parameters changed (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The parameters as a plain dict (JSON-serialisable)."""
+        return dataclasses.asdict(self)

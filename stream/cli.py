@@ -1,0 +1,56 @@
+"""The ``tops`` command: one entry point, one subcommand per module (``add_arguments`` + ``main``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main"]
+
+# subcommand -> (module, one-line help). Each module defines add_arguments(parser) and main(args) -> int.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("stream.daemon", "run the daemon: readings in (MQTT or stdin), one private release per tick out"),
+    "replay": ("stream.replay", "run a stream from a file through the same operators, at full speed"),
+    "evaluate": ("stream.evaluate", "range-query MSE/MAE of releases against the truth (Eq. 9)"),
+    "simulate": ("stream.simulate", "a synthetic smart-meter feed for demos and tests"),
+    "device": ("stream.device", "the device side of local-DP mode: perturb readings locally and publish reports"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that prints one line (no usage block) and exits 2 on a bad argument."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tops", description="Differentially private continual release of data streams.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, (module, help_text) in COMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod.add_arguments(p)
+        p.set_defaults(_main=mod.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._main(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
