@@ -80,8 +80,6 @@ class ToPSConfig:
         from the released ones, so both compose in parallel).
     theta
         A fixed public threshold (from a public sample or domain knowledge): no holdout, no budget spent on it.
-    consistency
-        Make the hierarchy's noise consistent (Appendix C). Off only for baselines.
     """
 
     epsilon: float
@@ -96,7 +94,6 @@ class ToPSConfig:
     resolution: float = 1.0
     threshold_epsilon: float | None = None
     theta: float | None = None
-    consistency: bool = True
 
     def __post_init__(self) -> None:
         _positive("epsilon", self.epsilon)
@@ -140,8 +137,8 @@ class ToPSConfig:
             if self.theta > self.bound:
                 msg = f"theta must be at most bound ({self.bound}); got {self.theta}"
                 raise ConfigError(msg)
-        if not isinstance(self.consistency, bool):
-            msg = "consistency must be true or false"
+        if self.theta is None and self.holdout < 1:
+            msg = "holdout must be at least 1 unless a fixed public theta is given"
             raise ConfigError(msg)
 
     @property

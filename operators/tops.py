@@ -1,17 +1,50 @@
 """ToPS (seed 001, Algorithm 1): threshold optimizer on the holdout, truncation, perturber, smoother.
 
-(Interface in place; the implementation lands in the same module.)
+1. The first ``m`` ticks (the holdout) are never released; their quantized values go into a histogram over the
+   candidate thresholds, and when the holdout is full theta is chosen by report-noisy-max on Eq. 6 (Eq. 5 counts).
+2. ``s`` comes from Eq. 7 (unless configured); the tree keeps ``L = h - s`` layers at ``eps / L`` each.
+3. Every later value is quantized to the resolution grid and truncated to theta (Algorithm 1, "Truncate").
+4. Each leaf (``b^s`` ticks) releases its true sum plus its consistent noise (Appendix C), spread over its ticks
+   by the smoother (Appendix D), one release per tick, final when made.
+
+Privacy (event level, one tick is one event): the holdout ticks feed only the eps-DP threshold choice and the
+released ticks only the eps-DP hierarchy; they are disjoint, so the stream is eps-DP by parallel composition, and
+consistency and smoothing are post-processing.
+
+>>> import numpy as np
+>>> cfg = ToPSConfig(epsilon=1.0, bound=10, holdout=100, query_range=256, fanout=4)
+>>> op = ToPS(cfg, key=bytes(32))
+>>> rel = op.process(np.full(300, 3.0))
+>>> bool(np.isnan(rel[:100]).all()), op.phase, op.theta, op.smoother_layers
+(True, 'releasing', 3.0, 2)
+>>> rel2 = ToPS(cfg, key=bytes(32)).process(np.full(300, 3.0))
+>>> bool(np.array_equal(rel, rel2, equal_nan=True))     # same key, same ticks: same releases
+True
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from operators.config import ToPSConfig
+from operators.hierarchy import ConsistentNoise
+from operators.noise import Domain, KeyedGenerator, discrete_laplace_parameter
+from operators.smoother import SmootherState, release_ticks
+from operators.threshold import (
+    candidate_grid,
+    holdout_histogram,
+    m_theta,
+    report_noisy_max,
+    scores,
+    smoother_layers,
+)
 
 __all__ = ["ToPS"]
+
+_SNAPSHOT_VERSION = 1
 
 
 class ToPS:
@@ -25,25 +58,185 @@ class ToPS:
 
     def __init__(self, config: ToPSConfig, key: bytes) -> None:
         self.config = config
-        self.theta: float | None = config.theta
-        self.smoother_layers: int | None = None
+        self._gen = KeyedGenerator(key)
+        self._bound_units = math.floor(config.bound / config.resolution + 1e-9)
         self.ticks = 0
         self.clamped = 0
+        self.theta_units: int | None = None
+        self.smoother_layers: int | None = None
+        self._candidates: np.ndarray | None = None
+        self._hist: np.ndarray | None = None
+        self._noise: ConsistentNoise | None = None
+        self._smoother: SmootherState | None = None
+        if config.theta is not None:
+            self._start_release(max(1, round(config.theta / config.resolution)))
+        else:
+            self._candidates = candidate_grid(config.bound, config.resolution)
+            self._hist = np.zeros(len(self._candidates) + 1, dtype=np.int64)
+
+    def __repr__(self) -> str:
+        return f"ToPS({self.config!r}, key=<secret>)"
+
+    # -- public state -------------------------------------------------------------------------------------------
+    @property
+    def theta(self) -> float | None:
+        """The truncation threshold in value units (``None`` while in the holdout)."""
+        return None if self.theta_units is None else self.theta_units * self.config.resolution
 
     @property
     def phase(self) -> str:
-        return "holdout" if self.theta is None else "releasing"
+        return "holdout" if self.theta_units is None else "releasing"
 
     @property
     def holdout_left(self) -> int:
         return max(0, self.config.holdout_ticks - self.ticks)
 
-    def process(self, values: Any) -> np.ndarray:
-        raise NotImplementedError
+    @property
+    def leaf_ticks(self) -> int | None:
+        return None if self.smoother_layers is None else self.config.fanout**self.smoother_layers
 
+    @property
+    def layer_epsilon(self) -> float | None:
+        """``eps / (h - s)``, the budget of each tree layer."""
+        if self.smoother_layers is None:
+            return None
+        return self.config.epsilon / (self.config.height - self.smoother_layers)
+
+    def state_nbytes(self) -> int:
+        """Numeric state kept between calls, in bytes (histogram in the holdout; walk + smoother after)."""
+        if self._hist is not None:
+            return int(self._hist.nbytes) + 64
+        st = self._smoother
+        return self._noise.state_nbytes() + st.f.nbytes + st.ring.nbytes + st.i.nbytes + 64
+
+    # -- the work -----------------------------------------------------------------------------------------------
+    def _quantize(self, values: np.ndarray) -> np.ndarray:
+        cfg = self.config
+        over = values > cfg.bound
+        n_over = int(np.count_nonzero(over))
+        if n_over:
+            self.clamped += n_over
+            values = np.where(over, cfg.bound, values)
+        units = np.rint(values / cfg.resolution).astype(np.int64)
+        return np.minimum(units, self._bound_units)
+
+    def _choose_threshold(self) -> int:
+        cfg = self.config
+        thr_eps = cfg.threshold_epsilon or cfg.epsilon
+        cands = self._candidates
+        score = scores(
+            m_theta(self._hist),
+            cands * cfg.resolution,
+            m=cfg.holdout,
+            epsilon=cfg.epsilon,
+            query_range=cfg.query_range,
+            fanout=cfg.fanout,
+        )
+        u = self._gen.uniforms(int(Domain.THRESHOLD), 0, 0, len(cands))
+        return int(cands[report_noisy_max(score, u, thr_eps)])
+
+    def _start_release(self, theta_units: int, s: int | None = None) -> None:
+        cfg = self.config
+        self.theta_units = theta_units
+        if s is None:
+            s = cfg.smoother_layers
+        if s is None:
+            s = min(smoother_layers(cfg.epsilon, cfg.query_range, cfg.fanout), cfg.height - 1)
+        self.smoother_layers = s
+        layers = cfg.height - s
+        a = discrete_laplace_parameter(cfg.epsilon / layers, theta_units)
+        self._noise = ConsistentNoise(
+            self._gen,
+            fanout=cfg.fanout,
+            layers=layers,
+            top_nodes=cfg.query_range // cfg.fanout ** (cfg.height - 1),
+            a=a,
+        )
+        self._smoother = SmootherState.initial(
+            cfg.smoother, leaf_ticks=cfg.fanout**s, theta_units=theta_units, window=cfg.window
+        )
+        self._candidates = None
+        self._hist = None
+
+    def process(self, values: Any) -> np.ndarray:
+        """Release one value per input tick (NaN for holdout ticks)."""
+        values = np.asarray(values, dtype=np.float64).reshape(-1)
+        n = values.size
+        out = np.full(n, np.nan)
+        if n == 0:
+            return out
+        units = self._quantize(values)
+        start = 0
+        if self.theta_units is None:
+            take = min(n, self.holdout_left)
+            holdout_histogram(units[:take], self._candidates, self._hist)
+            self.ticks += take
+            start = take
+            if self.holdout_left == 0:
+                self._start_release(self._choose_threshold())
+        if start < n:
+            rel = np.empty(n - start)
+            truncated = np.minimum(units[start:], self.theta_units)
+            st = self._smoother
+            completing = (int(st.i[0]) + (n - start)) // st.leaf_ticks
+            noise = self._noise.next_leaves(completing)
+            used = release_ticks(truncated, noise, rel, st, alpha=self.config.alpha)
+            assert used == completing
+            out[start:] = rel * self.config.resolution if self.config.resolution != 1.0 else rel
+            self.ticks += n - start
+        return out
+
+    def process_one(self, value: float) -> float:
+        """One tick: its release, or NaN in the holdout."""
+        return float(self.process(np.array([value], dtype=np.float64))[0])
+
+    # -- checkpoints --------------------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """A JSON-serialisable picture of the state (no key; the holdout histogram while in the holdout)."""
+        snap: dict[str, Any] = {
+            "version": _SNAPSHOT_VERSION,
+            "config": self.config.to_dict(),
+            "ticks": self.ticks,
+            "clamped": self.clamped,
+            "theta_units": self.theta_units,
+            "smoother_layers": self.smoother_layers,
+        }
+        if self.theta_units is None:
+            snap["holdout_histogram"] = self._hist.tolist()
+        else:
+            snap["walk"] = self._noise.state()
+            snap["smoother"] = self._smoother.to_dict()
+        return snap
 
     @classmethod
     def restore(cls, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> ToPS:
-        raise NotImplementedError
+        """Continue from ``snapshot``; the noise of the current tree is regenerated from the key, never redrawn."""
+        if snapshot.get("version") != _SNAPSHOT_VERSION:
+            msg = "unsupported ToPS snapshot version"
+            raise ValueError(msg)
+        if snapshot["config"] != config.to_dict():
+            msg = "the snapshot was made with other parameters"
+            raise ValueError(msg)
+        op = cls.__new__(cls)
+        op.config = config
+        op._gen = KeyedGenerator(key)
+        op._bound_units = math.floor(config.bound / config.resolution + 1e-9)
+        op.ticks = int(snapshot["ticks"])
+        op.clamped = int(snapshot["clamped"])
+        op.theta_units = None
+        op.smoother_layers = None
+        op._noise = None
+        op._smoother = None
+        if snapshot["theta_units"] is None:
+            op._candidates = candidate_grid(config.bound, config.resolution)
+            op._hist = np.array(snapshot["holdout_histogram"], dtype=np.int64)
+            if op._hist.shape != (len(op._candidates) + 1,):
+                msg = "corrupt ToPS snapshot (holdout histogram)"
+                raise ValueError(msg)
+            return op
+        # rebuild the release side with the recorded s, then move the walk and the smoother into place
+        op._start_release(int(snapshot["theta_units"]), int(snapshot["smoother_layers"]))
+        op._noise.tree = int(snapshot["walk"]["tree"])
+        op._noise.leaf = int(snapshot["walk"]["leaf"])
+        op._smoother = SmootherState.from_dict(config.smoother, op._smoother.leaf_ticks, snapshot["smoother"])
+        return op

@@ -1,0 +1,32 @@
+"""Independent reference implementations for tests: the whole-tree offline computations, written plainly."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from operators.noise import Domain, KeyedGenerator
+
+
+def whole_tree_noise(gen: KeyedGenerator, *, tree: int, fanout: int, layers: int, top_nodes: int, a: float):
+    """Raw noise of every node of one tree, layer 0 (leaves) first, drawn in one go per layer."""
+    out = []
+    for j in range(layers):
+        n = top_nodes * fanout ** (layers - 1 - j)
+        out.append(gen.discrete_laplace((int(Domain.HIERARCHY) << 16) | j, tree, 0, n, a).astype(np.float64))
+    return out
+
+
+def hay_offline(noise: list[np.ndarray], fanout: int) -> np.ndarray:
+    """Hay et al.'s two passes on a whole forest of complete subtrees; returns the consistent leaves."""
+    b = fanout
+    L = len(noise)
+    z = [noise[0].copy()]
+    for j in range(1, L):
+        l = j + 1
+        a_l = (b**l - b ** (l - 1)) / (b**l - 1)
+        z.append(a_l * noise[j] + (1 - a_l) * z[j - 1].reshape(-1, b).sum(axis=1))
+    c = z[L - 1].copy()
+    for j in range(L - 2, -1, -1):
+        parent_sum = z[j].reshape(-1, b).sum(axis=1)
+        c = z[j] + np.repeat((c - parent_sum) / b, b)
+    return c
