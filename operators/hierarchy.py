@@ -31,7 +31,6 @@ True
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from operators.noise import Domain, KeyedGenerator
@@ -47,33 +46,23 @@ def layer_weight(height: int, fanout: int) -> float:
     return (fanout**height - fanout ** (height - 1)) / (fanout**height - 1)
 
 
-@numba.njit(cache=True, nogil=True)
-def _seq_sum(x: np.ndarray, start: int, count: int) -> float:  # pragma: no cover - compiled
-    s = 0.0
-    for k in range(start, start + count):
-        s += x[k]
+def _child_sums(zchild: np.ndarray, b: int) -> np.ndarray:
+    """Sum of each run of ``b`` children, added strictly left to right (the same bits whatever the batch)."""
+    z = zchild.reshape(-1, b)
+    s = z[:, 0].copy()
+    for k in range(1, b):
+        s += z[:, k]
     return s
 
 
-@numba.njit(cache=True, nogil=True)
-def _combine(raw: np.ndarray, zchild: np.ndarray, b: int, a: float) -> np.ndarray:  # pragma: no cover
-    """Bottom-up step: ``z = a N + (1 - a) * sum z(children)``, children summed left to right."""
-    out = np.empty(raw.size, dtype=np.float64)
-    one_minus_a = 1.0 - a
-    for i in range(raw.size):
-        out[i] = a * float(raw[i]) + one_minus_a * _seq_sum(zchild, i * b, b)
-    return out
+def _combine(raw: np.ndarray, zchild: np.ndarray, b: int, a: float) -> np.ndarray:
+    """Bottom-up step: ``z = a N + (1 - a) * sum z(children)``."""
+    return a * raw.astype(np.float64) + (1.0 - a) * _child_sums(zchild, b)
 
 
-@numba.njit(cache=True, nogil=True)
-def _top_down(zchild: np.ndarray, cparent: np.ndarray, b: int) -> np.ndarray:  # pragma: no cover
+def _top_down(zchild: np.ndarray, cparent: np.ndarray, b: int) -> np.ndarray:
     """Top-down step: ``c(x) = z(x) + (c(parent) - sum z(siblings)) / b`` for all children of ``cparent``."""
-    out = np.empty(zchild.size, dtype=np.float64)
-    for p in range(cparent.size):
-        corr = (cparent[p] - _seq_sum(zchild, p * b, b)) / b
-        for k in range(p * b, p * b + b):
-            out[k] = zchild[k] + corr
-    return out
+    return zchild + np.repeat((cparent - _child_sums(zchild, b)) / b, b)
 
 
 def round_to_grid(x: np.ndarray | float) -> np.ndarray:
@@ -130,7 +119,6 @@ class ConsistentNoise:
         L = self.layers
         self._top_z: np.ndarray | None = None  # z of the R top nodes of the current tree
         self._zc: list[np.ndarray | None] = [None] * L  # _zc[j]: z of the children of the layer-j ancestor
-        self._zsum = [0.0] * L
         self._cons = [0.0] * L  # consistent value of the layer-j ancestor
         self._cur = [-1] * L  # index of the current layer-j ancestor (-1: not entered)
 
@@ -170,7 +158,7 @@ class ConsistentNoise:
         """Consistent value of a child of the current ancestor at ``parent_layer`` (``layers`` = virtual root)."""
         if parent_layer == self.layers:
             return float(self._top_z[child_index])
-        # the same compiled arithmetic as the bulk path, so both give identical bits
+        # the same arithmetic as the bulk path, so both give identical bits
         cons = _top_down(self._zc[parent_layer], np.array([self._cons[parent_layer]]), self.b)
         return float(cons[child_index % self.b])
 
@@ -179,7 +167,6 @@ class ConsistentNoise:
         self._cons[j] = self._child_cons(j + 1, i)
         zc = self._subtree_z(j - 1, i * self.b, self.b)
         self._zc[j] = zc
-        self._zsum[j] = _seq_sum(zc, 0, zc.size)
         self._cur[j] = i
         for k in range(1, j):
             self._cur[k] = -1

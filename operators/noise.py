@@ -6,7 +6,7 @@ index), and by the position of the sample inside that keystream. The same key an
 noise, so re-running the same ticks reproduces the same releases bit for bit and a restart never spends privacy
 budget twice (``../shared/DESIGN.md``, "Noise and secrets").
 
-Samples are drawn in bulk (one cipher call per contiguous range) and turned into integers by a compiled loop.
+Samples are drawn in bulk (one cipher call per contiguous range) and turned into integers by vectorized numpy.
 
 Discrete Laplace (two-sided geometric) with parameter ``a = exp(-eps / sensitivity)``, sensitivity in quantized
 units::
@@ -35,7 +35,6 @@ import enum
 import math
 import os
 
-import numba
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
@@ -81,27 +80,19 @@ def discrete_laplace_variance(a: float) -> float:
     return 2.0 * a / (1.0 - a) ** 2
 
 
-@numba.njit(cache=True, nogil=True)
-def _words_to_discrete_laplace(words: np.ndarray, a: float) -> np.ndarray:  # pragma: no cover - compiled
-    out = np.empty(words.size, dtype=np.int64)
-    log_a = math.log(a)
-    half_1pa = 0.5 * (1.0 + a)
-    for i in range(words.size):
-        w = words[i]
-        u = (float((w >> np.uint64(10)) & np.uint64((1 << 53) - 1)) + 0.5) * _U53
-        k = math.floor(math.log(u * half_1pa) / log_a)
-        if (w >> np.uint64(63)) != 0:
-            k = -k
-        out[i] = k
-    return out
+_MASK53 = np.uint64((1 << 53) - 1)
 
 
-@numba.njit(cache=True, nogil=True)
-def _words_to_uniform(words: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
-    out = np.empty(words.size, dtype=np.float64)
-    for i in range(words.size):
-        out[i] = (float(words[i] >> np.uint64(11)) + 0.5) * _U53
-    return out
+def _words_to_discrete_laplace(words: np.ndarray, a: float) -> np.ndarray:
+    """One discrete Laplace sample per 64-bit word (vectorized; see the module docstring)."""
+    u = (((words >> np.uint64(10)) & _MASK53).astype(np.float64) + 0.5) * _U53
+    k = np.floor(np.log(u * (0.5 * (1.0 + a))) / math.log(a)).astype(np.int64)
+    return np.where((words >> np.uint64(63)) != 0, -k, k)
+
+
+def _words_to_uniform(words: np.ndarray) -> np.ndarray:
+    """Uniforms in (0, 1) with 53 random bits, never 0 or 1."""
+    return ((words >> np.uint64(11)).astype(np.float64) + 0.5) * _U53
 
 
 class KeyedGenerator:

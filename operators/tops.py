@@ -106,8 +106,7 @@ class ToPS:
         """Numeric state kept between calls, in bytes (histogram in the holdout; walk + smoother after)."""
         if self._hist is not None:
             return int(self._hist.nbytes) + 64
-        st = self._smoother
-        return self._noise.state_nbytes() + st.f.nbytes + st.ring.nbytes + st.i.nbytes + 64
+        return self._noise.state_nbytes() + self._smoother.nbytes()
 
     # -- the work -----------------------------------------------------------------------------------------------
     def _quantize(self, values: np.ndarray) -> np.ndarray:
@@ -175,13 +174,10 @@ class ToPS:
             if self.holdout_left == 0:
                 self._start_release(self._choose_threshold())
         if start < n:
-            rel = np.empty(n - start)
             truncated = np.minimum(units[start:], self.theta_units)
             st = self._smoother
-            completing = (int(st.i[0]) + (n - start)) // st.leaf_ticks
-            noise = self._noise.next_leaves(completing)
-            used = release_ticks(truncated, noise, rel, st, alpha=self.config.alpha)
-            assert used == completing
+            noise = self._noise.next_leaves((st.pos + (n - start)) // st.leaf_ticks)
+            rel = release_ticks(truncated, noise, st, alpha=self.config.alpha)
             out[start:] = rel * self.config.resolution if self.config.resolution != 1.0 else rel
             self.ticks += n - start
         return out
@@ -238,5 +234,7 @@ class ToPS:
         op._start_release(int(snapshot["theta_units"]), int(snapshot["smoother_layers"]))
         op._noise.tree = int(snapshot["walk"]["tree"])
         op._noise.leaf = int(snapshot["walk"]["leaf"])
-        op._smoother = SmootherState.from_dict(config.smoother, op._smoother.leaf_ticks, snapshot["smoother"])
+        op._smoother = SmootherState.from_dict(
+            config.smoother, op._smoother.leaf_ticks, config.window, snapshot["smoother"]
+        )
         return op

@@ -25,24 +25,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only the module of ``command`` is imported (so ``tops replay`` never loads the MQTT stack)."""
     parser = _Parser(prog="tops", description="Differentially private continual release of data streams.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (module, help_text) in COMMANDS.items():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue
         p = sub.add_parser(name, help=help_text, description=help_text)
+        if name != command:
+            continue
+        mod = importlib.import_module(module)
         mod.add_arguments(p)
         p.set_defaults(_main=mod.main)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     try:
         return int(args._main(args) or 0)
     except KeyboardInterrupt:

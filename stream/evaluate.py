@@ -1,0 +1,109 @@
+"""``tops evaluate TRUTH RELEASES``: the paper's range-query MSE (Eq. 9) and MAE, as a table; optional plot.
+
+RELEASES is the output of ``tops replay`` (NaN for holdout ticks); queries run over the released ticks only.
+``--plot FILE.png`` draws the true and the released moving average like Figure 2 (needs matplotlib:
+``pip install 'tops[plot]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from operators.evaluation import interval_means, range_query_errors, summarize
+from stream.inputs import InputError, read_stream
+from stream.progress import progress
+
+__all__ = ["add_arguments", "evaluate", "main"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("truth", help="the true stream (.npy, .csv, .jsonl)")
+    p.add_argument("releases", help="the releases (.npy from tops replay; NaN = holdout)")
+    p.add_argument("--range", dest="query_range", type=int, default=1 << 20, help="longest query (default 2^20)")
+    p.add_argument("--queries", type=int, default=200, help="random range queries per repetition (default 200)")
+    p.add_argument("--repetitions", type=int, default=10, help="repetitions of the query set (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the query positions (not of any noise)")
+    p.add_argument("--plot", help="write a PNG of true vs released moving average (Figure 2 style)")
+    p.add_argument("--intervals", type=int, default=120, help="points of the plotted moving average (default 120)")
+
+
+def evaluate(
+    truth: np.ndarray, releases: np.ndarray, *, query_range: int, queries: int, repetitions: int, seed: int
+) -> dict[str, tuple[float, float]]:
+    """MSE and MAE of the releases and of the always-zero baseline over the same queries."""
+    mask = ~np.isnan(releases)
+    t, r = truth[mask], releases[mask]
+    rng = np.random.default_rng(seed)
+    errs, zero = [], []
+    for _ in progress(range(repetitions), repetitions, "evaluating"):
+        state = rng.bit_generator.state
+        errs.append(range_query_errors(t, r, max_length=query_range, queries=queries, rng=rng))
+        rng.bit_generator.state = state  # the baseline answers the very same queries
+        zero.append(range_query_errors(t, np.zeros_like(t), max_length=query_range, queries=queries, rng=rng))
+    return {"releases": summarize(np.concatenate(errs)), "always zero": summarize(np.concatenate(zero))}
+
+
+def _plot(path: str, truth: np.ndarray, releases: np.ndarray, intervals: int) -> None:
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        msg = "--plot needs matplotlib: pip install 'tops[plot]'"
+        raise InputError(msg) from None
+    mask = ~np.isnan(releases)
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.plot(interval_means(truth[mask], intervals), label="true", color="black")
+    ax.plot(interval_means(releases[mask], intervals), label="released", color="tab:red", alpha=0.8)
+    ax.set_xlabel(f"time ({intervals} intervals of the released ticks)")
+    ax.set_ylabel("moving average")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        truth = read_stream(args.truth)
+        try:
+            releases = np.load(args.releases, allow_pickle=False).astype(np.float64)
+        except (OSError, ValueError):
+            msg = f"{args.releases}: not a readable .npy file of releases"
+            raise InputError(msg) from None
+        if releases.shape != truth.shape:
+            msg = f"truth has {truth.size} ticks but releases has {releases.size}"
+            raise InputError(msg)
+        if np.isnan(releases).all():
+            msg = "no released tick (the stream is shorter than its holdout)"
+            raise InputError(msg)
+        for name, v in (("--queries", args.queries), ("--repetitions", args.repetitions), ("--range", args.query_range)):
+            if v < 1:
+                msg = f"{name} must be at least 1"
+                raise InputError(msg)
+        res = evaluate(
+            truth,
+            releases,
+            query_range=args.query_range,
+            queries=args.queries,
+            repetitions=args.repetitions,
+            seed=args.seed,
+        )
+        if args.plot:
+            _plot(args.plot, truth, releases, args.intervals)
+    except InputError as exc:
+        print(f"tops evaluate: error: {exc}", file=sys.stderr)
+        return 2
+    n = int(np.count_nonzero(~np.isnan(releases)))
+    print(f"{args.queries} random range queries x {args.repetitions} repetitions, length 1..{args.query_range}, "
+          f"over {n} released ticks")
+    print(f"{'method':<14}{'MSE (Eq. 9)':>16}{'MAE':>14}")
+    for name, (mse, mae) in res.items():
+        print(f"{name:<14}{mse:>16.4g}{mae:>14.4g}")
+    if args.plot:
+        print(f"plot written to {args.plot}")
+    return 0

@@ -1,0 +1,133 @@
+"""Reading a whole stream from a file (.npy, .csv or JSONL) for ``tops replay`` and ``tops evaluate``.
+
+Every value must be a finite, non-negative number. A bad file is refused with a message that names the first bad
+line and what is wrong with it, never the value itself (a reading is private data).
+
+>>> import tempfile, os
+>>> d = tempfile.mkdtemp()
+>>> p = os.path.join(d, "x.csv")
+>>> _ = open(p, "w").write("1\\n2.5\\n\\n3\\n")
+>>> read_stream(p).tolist()
+[1.0, 2.5, 3.0]
+>>> _ = open(p, "w").write("1\\n-2\\n")
+>>> read_stream(p)
+Traceback (most recent call last):
+...
+stream.inputs.InputError: x.csv line 2: negative value
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["InputError", "read_stream"]
+
+
+class InputError(Exception):
+    """An input file cannot be used; the message names the file, the line and the problem (never the value)."""
+
+
+def _check_values(values: np.ndarray, name: str, line_of) -> np.ndarray:
+    bad_nan = ~np.isfinite(values)
+    bad_neg = values < 0
+    bad = bad_nan | bad_neg
+    if bad.any():
+        i = int(np.argmax(bad))
+        what = "not a finite number (NaN or infinite)" if bad_nan[i] else "negative value"
+        msg = f"{name} {line_of(i)}: {what}"
+        raise InputError(msg)
+    return values
+
+
+def _read_npy(path: Path) -> np.ndarray:
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        msg = f"{path.name}: not a readable .npy file ({type(exc).__name__})"
+        raise InputError(msg) from None
+    if arr.ndim != 1:
+        msg = f"{path.name}: a .npy input must be 1-D (got shape {arr.shape})"
+        raise InputError(msg)
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        msg = f"{path.name}: a .npy input must hold numbers (got dtype {arr.dtype})"
+        raise InputError(msg)
+    values = arr.astype(np.float64)
+    return _check_values(values, path.name, lambda i: f"element {i}")
+
+
+def _lines(path: Path) -> tuple[list[str], list[int]]:
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        msg = f"{path.name}: not a text file"
+        raise InputError(msg) from None
+    raw = text.splitlines()
+    keep = [(i + 1, s.strip()) for i, s in enumerate(raw) if s.strip()]
+    return [s for _, s in keep], [n for n, _ in keep]
+
+
+def _read_csv(path: Path) -> np.ndarray:
+    lines, numbers = _lines(path)
+    # a header line is allowed if it is not a number
+    if lines and not _is_number(lines[0].split(",")[-1]):
+        lines, numbers = lines[1:], numbers[1:]
+    fields = [s.split(",")[-1].strip() for s in lines]
+    try:
+        values = np.array(fields, dtype=np.float64)
+    except ValueError:
+        for s, n in zip(fields, numbers, strict=True):
+            if not _is_number(s):
+                msg = f"{path.name} line {n}: not a number"
+                raise InputError(msg) from None
+        raise
+    return _check_values(values, path.name, lambda i: f"line {numbers[i]}")
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_jsonl(path: Path) -> np.ndarray:
+    lines, numbers = _lines(path)
+    values = np.empty(len(lines))
+    for k, (s, n) in enumerate(zip(lines, numbers, strict=True)):
+        try:
+            obj = json.loads(s)
+        except json.JSONDecodeError:
+            msg = f"{path.name} line {n}: not valid JSON"
+            raise InputError(msg) from None
+        v = obj.get("value") if isinstance(obj, dict) else obj
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            msg = f'{path.name} line {n}: "value" must be a number'
+            raise InputError(msg)
+        if not math.isfinite(v) or v < 0:
+            what = "not a finite number (NaN or infinite)" if not math.isfinite(v) else "negative value"
+            msg = f"{path.name} line {n}: {what}"
+            raise InputError(msg)
+        values[k] = v
+    return values
+
+
+def read_stream(path: str | Path) -> np.ndarray:
+    """The values of a stream file as float64, one per tick; raises :class:`InputError` on bad input."""
+    p = Path(path)
+    if not p.is_file():
+        msg = f"{p}: no such file"
+        raise InputError(msg)
+    suffix = p.suffix.lower()
+    if suffix == ".npy":
+        return _read_npy(p)
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return _read_jsonl(p)
+    if suffix in (".csv", ".txt", ""):
+        return _read_csv(p)
+    msg = f"{p.name}: unknown input format {suffix!r} (use .npy, .csv or .jsonl)"
+    raise InputError(msg)

@@ -1,0 +1,148 @@
+"""``tops replay`` / ``evaluate`` / ``simulate`` as a user runs them: contract, bad input, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from operators import ToPS, ToPSConfig
+
+KEY_HEX = "5a" * 32
+
+
+def tops(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stream.cli", *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def test_replay_contract_matches_the_operator(tmp_path: Path) -> None:
+    x = np.random.default_rng(0).gamma(2.0, 4.0, 3000).round()
+    np.save(tmp_path / "in.npy", x)
+    res = tops("replay", tmp_path / "in.npy", "--epsilon", 0.5, "--bound", 80, "--holdout", 400, "--range", 1024,
+               "--fanout", 4, "--smoother", "ema", "--key", KEY_HEX, "--out", tmp_path / "out.npy")
+    assert res.returncode == 0, res.stderr
+    out = np.load(tmp_path / "out.npy")
+    assert out.dtype == np.float64 and out.shape == x.shape
+    assert np.isnan(out[:400]).all() and not np.isnan(out[400:]).any()
+    cfg = ToPSConfig(epsilon=0.5, bound=80, holdout=400, query_range=1024, fanout=4, smoother="ema")
+    op = ToPS(cfg, bytes.fromhex(KEY_HEX))
+    assert np.array_equal(out, op.process(x), equal_nan=True)
+    assert f"theta = {op.theta:g}" in res.stderr and f"s = {op.smoother_layers}" in res.stderr
+    assert KEY_HEX not in res.stderr + res.stdout
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_text_inputs_equal_npy(tmp_path: Path, fmt: str) -> None:
+    x = np.random.default_rng(1).integers(0, 50, 600).astype(float)
+    if fmt == "csv":
+        (tmp_path / "in.csv").write_text("value\n" + "\n".join(f"{v:g}" for v in x) + "\n")
+    else:
+        (tmp_path / "in.jsonl").write_text("".join(json.dumps({"value": v}) + "\n" for v in x))
+    np.save(tmp_path / "in.npy", x)
+    common = ["--epsilon", 1, "--bound", 60, "--holdout", 100, "--range", 256, "--key", KEY_HEX]
+    assert tops("replay", tmp_path / f"in.{fmt}", *common, "--out", tmp_path / "a.npy").returncode == 0
+    assert tops("replay", tmp_path / "in.npy", *common, "--out", tmp_path / "b.npy").returncode == 0
+    assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"), equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("1\n2\nabc\n4\n", "in.csv line 3: not a number"),
+        ("1\n\n2\nnan\n", "in.csv line 4: not a finite number"),
+        ("1\ninf\n", "in.csv line 2: not a finite number"),
+        ("1\n2\n-3.5\n", "in.csv line 3: negative value"),
+    ],
+)
+def test_bad_csv_is_refused_naming_the_first_bad_line(tmp_path: Path, content: str, expected: str) -> None:
+    (tmp_path / "in.csv").write_text(content)
+    res = tops("replay", tmp_path / "in.csv", "--epsilon", 1, "--bound", 10, "--out", tmp_path / "o.npy")
+    assert res.returncode == 2
+    assert expected in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert "-3.5" not in res.stderr  # the value itself is never echoed
+
+
+def test_bad_jsonl_and_npy(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"value": 1}\n{"value": "7"}\n')
+    res = tops("replay", tmp_path / "a.jsonl", "--epsilon", 1, "--bound", 10, "--out", tmp_path / "o.npy")
+    assert res.returncode == 2 and 'a.jsonl line 2: "value" must be a number' in res.stderr
+    np.save(tmp_path / "b.npy", np.array([1.0, np.nan]))
+    res = tops("replay", tmp_path / "b.npy", "--epsilon", 1, "--bound", 10, "--out", tmp_path / "o.npy")
+    assert res.returncode == 2 and "b.npy element 1: not a finite number" in res.stderr
+
+
+def test_values_above_bound_are_clamped_and_counted(tmp_path: Path) -> None:
+    np.save(tmp_path / "in.npy", np.array([1.0, 50.0, 3.0, 999.0] * 100))
+    res = tops("replay", tmp_path / "in.npy", "--epsilon", 1, "--bound", 10, "--holdout", 50, "--range", 256,
+               "--out", tmp_path / "o.npy")
+    assert res.returncode == 0, res.stderr
+    assert "clamped to bound = 200" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--smoother", "fancy"], "argument --smoother: invalid choice: 'fancy' (choose from"),
+        (["--fanout", "1"], "fanout must be an integer >= 2 (got 1)"),
+        (["--epsilon", "-1"], "epsilon must be a positive number (got -1.0)"),
+        (["--range", "1000"], "query_range must be a multiple of fanout^(h-1)"),
+        (["--key", "abc"], "--key must be 64 hex digits"),
+        (["--holdout", "x"], "argument --holdout: invalid int value"),
+    ],
+)
+def test_wrong_arguments_print_one_line(tmp_path: Path, args: list[str], expected: str) -> None:
+    np.save(tmp_path / "in.npy", np.ones(10))
+    base = {"--epsilon": "1", "--bound": "10"}
+    for k, v in zip(args[::2], args[1::2], strict=True):
+        base[k] = v
+    flat = [t for kv in base.items() for t in kv]
+    res = tops("replay", tmp_path / "in.npy", *flat, "--out", tmp_path / "o.npy")
+    assert res.returncode == 2
+    assert expected in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_key_file_derivation_matches_stream_keys(tmp_path: Path) -> None:
+    from stream.keys import derive_stream_key, load_master_key
+
+    kf = tmp_path / "master.key"
+    master = load_master_key(kf, create=True)
+    assert (kf.stat().st_mode & 0o777) == 0o600
+    x = np.random.default_rng(2).integers(0, 9, 500).astype(float)
+    np.save(tmp_path / "in.npy", x)
+    res = tops("replay", tmp_path / "in.npy", "--epsilon", 1, "--bound", 10, "--holdout", 100, "--range", 256,
+               "--key-file", kf, "--stream", "meter-7", "--out", tmp_path / "o.npy")
+    assert res.returncode == 0, res.stderr
+    cfg = ToPSConfig(epsilon=1, bound=10, holdout=100, query_range=256)
+    expected = ToPS(cfg, derive_stream_key(master, "meter-7")).process(x)
+    assert np.array_equal(np.load(tmp_path / "o.npy"), expected, equal_nan=True)
+    assert master.hex() not in res.stderr
+
+
+def test_simulate_then_replay_then_evaluate(tmp_path: Path) -> None:
+    assert tops("simulate", "--ticks", 5000, "--format", "npy", "--out", tmp_path / "sim.npy").returncode == 0
+    res = tops("replay", tmp_path / "sim.npy", "--epsilon", 1, "--bound", 5000, "--holdout", 1000, "--range", 4096,
+               "--out", tmp_path / "rel.npy")
+    assert res.returncode == 0, res.stderr
+    res = tops("evaluate", tmp_path / "sim.npy", tmp_path / "rel.npy", "--range", 4096, "--repetitions", 3)
+    assert res.returncode == 0, res.stderr
+    rows = {line.split()[0]: line.split() for line in res.stdout.splitlines()[2:]}
+    mse_rel, mse_zero = float(rows["releases"][1]), float(rows["always"][2])
+    assert mse_rel < mse_zero / 10
+
+
+def test_evaluate_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    x = np.random.default_rng(3).integers(0, 9, 3000).astype(float)
+    np.save(tmp_path / "t.npy", x)
+    rel = x + 0.5
+    rel[:100] = np.nan
+    np.save(tmp_path / "r.npy", rel)
+    res = tops("evaluate", tmp_path / "t.npy", tmp_path / "r.npy", "--plot", tmp_path / "fig.png", "--range", 100)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "fig.png").stat().st_size > 1000

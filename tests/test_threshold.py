@@ -1,0 +1,90 @@
+"""NM-E threshold optimizer (Eq. 5-6) and the choice of s (Eq. 7) against brute force."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from operators import ToPS, ToPSConfig
+from operators.threshold import (
+    candidate_grid,
+    eq7_error,
+    holdout_histogram,
+    m_theta,
+    report_noisy_max,
+    scores,
+    smoother_layers,
+)
+
+
+def test_m_theta_and_scores_match_brute_force() -> None:
+    rng = np.random.default_rng(3)
+    values = np.minimum(rng.pareto(1.2, size=5000) * 20, 800).round().astype(np.int64)
+    cands = candidate_grid(800, 1.0)
+    hist = holdout_histogram(values[:2000], cands)
+    hist = holdout_histogram(values[2000:], cands, hist)  # in two parts, as ticks arrive
+    got = m_theta(hist)
+    brute = np.array([(values > t).sum() for t in cands])
+    assert np.array_equal(got, brute)
+    m, eps, r, b = values.size, 0.3, 2**20, 16
+    q = scores(got, cands.astype(float), m=m, epsilon=eps, query_range=r, fanout=b)
+    brute_q = [
+        -(3 * m * t) / (60 * r * eps) * math.sqrt(2 * (b - 1) * math.log(r, b) ** 3) - mt
+        for t, mt in zip(cands, brute, strict=True)
+    ]
+    np.testing.assert_allclose(q, brute_q, rtol=1e-12)
+
+
+def test_huge_epsilon_picks_the_argmax() -> None:
+    """With eps = 1e9 the noise is negligible: the reported index is the true argmax of Eq. 6."""
+    rng = np.random.default_rng(4)
+    values = np.minimum(rng.gamma(2.0, 5.0, size=65536), 500).round()
+    cfg = ToPSConfig(epsilon=0.1, threshold_epsilon=1e9, bound=500, holdout=values.size)
+    op = ToPS(cfg, key=bytes(32))
+    op.process(values)
+    cands = candidate_grid(500, 1.0)
+    mt = np.array([(values > t).sum() for t in cands])
+    q = scores(mt, cands.astype(float), m=values.size, epsilon=0.1, query_range=2**20, fanout=16)
+    assert op.theta == float(cands[int(np.argmax(q))])
+
+
+def test_report_noisy_max_is_a_selection_with_exponential_noise() -> None:
+    """Small gaps: the top candidate wins most often, but not always (the noise matters)."""
+    score = np.array([0.0, -1.0, -2.0])
+    rng = np.random.default_rng(5)
+    wins = np.bincount([report_noisy_max(score, rng.random(3), 1.0) for _ in range(4000)], minlength=3)
+    assert wins[0] > wins[1] > wins[2] > 0
+
+
+def test_candidate_grid_all_integers_then_geometric() -> None:
+    small = candidate_grid(500, 1.0)
+    assert small[0] == 1 and small[-1] == 500 and len(small) == 500
+    big = candidate_grid(10**6, 1.0)
+    assert big[0] == 1 and big[-1] == 10**6
+    assert np.array_equal(big[:4096], np.arange(1, 4097))
+    steps = big[4097:] / big[4096:-1]
+    assert steps.max() < 1.0013 and np.all(np.diff(big) > 0)  # 0.1% steps, rounded to integers
+    fine = candidate_grid(5, 0.01)  # units of 0.01: theta from 1.00 to 5.00
+    assert fine[0] == 100 and fine[-1] == 500
+
+
+@pytest.mark.parametrize("eps", [0.01, 0.05, 0.1, 0.5, 1.0, 4.0])
+@pytest.mark.parametrize("theta", [1.0, 37.0])
+@pytest.mark.parametrize(("r", "b"), [(2**20, 16), (2**16, 16), (2**20, 4), (2**12, 2)])
+def test_eq7_s_matches_brute_force(eps: float, theta: float, r: int, b: int) -> None:
+    """s = round(argmin over real s of Eq. 7), capped at h - 1, against a dense grid search."""
+    levels = math.log(r, b)
+    grid = np.linspace(0.0, levels, 400_001)
+    f = eq7_error(grid, epsilon=eps, theta=theta, query_range=r, fanout=b)
+    s_star = grid[int(np.argmin(f))]
+    expected = min(round(s_star), math.ceil(levels) - 1)
+    assert smoother_layers(eps, r, b, theta=theta) == expected
+
+
+def test_eq7_rounded_continuous_not_integer_argmin() -> None:
+    """DESIGN.md: at eps = 0.05, r = 2^20, b = 16 the integer argmin is 2 but the reference rounds x* to 3."""
+    f_int = [float(eq7_error(s, epsilon=0.05, theta=1.0, query_range=2**20, fanout=16)) for s in range(5)]
+    assert int(np.argmin(f_int)) == 2
+    assert smoother_layers(0.05, 2**20, 16) == 3
