@@ -106,6 +106,9 @@ class ToPSConfig:
             msg = f"bound must be at least one resolution step ({self.resolution})"
             raise ConfigError(msg)
         _int_at_least("holdout", self.holdout, 0)
+        if self.holdout > 2**31 - 1:
+            msg = f"holdout must be below 2^31 (got {self.holdout})"
+            raise ConfigError(msg)
         _int_at_least("fanout", self.fanout, 2)
         _int_at_least("query_range", self.query_range, 2)
         if self.query_range > 1 << 32:

@@ -72,7 +72,7 @@ class ToPS:
             self._start_release(max(1, round(config.theta / config.resolution)))
         else:
             self._candidates = candidate_grid(config.bound, config.resolution)
-            self._hist = np.zeros(len(self._candidates) + 1, dtype=np.int64)
+            self._hist = np.zeros(len(self._candidates) + 1, dtype=np.int32)
 
     def __repr__(self) -> str:
         return f"ToPS({self.config!r}, key=<secret>)"
@@ -225,7 +225,7 @@ class ToPS:
         op._smoother = None
         if snapshot["theta_units"] is None:
             op._candidates = candidate_grid(config.bound, config.resolution)
-            op._hist = np.array(snapshot["holdout_histogram"], dtype=np.int64)
+            op._hist = np.array(snapshot["holdout_histogram"], dtype=np.int32)
             if op._hist.shape != (len(op._candidates) + 1,):
                 msg = "corrupt ToPS snapshot (holdout histogram)"
                 raise ValueError(msg)
