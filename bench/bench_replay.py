@@ -38,9 +38,25 @@ def replay_throughput(path: Path, repeat: int) -> dict:
     for _ in range(repeat):
         t = time.perf_counter()
         res = subprocess.run(
-            [sys.executable, "-m", "stream.cli", "replay", str(path), "--epsilon", "0.05", "--bound", "500",
-             "--key", KEY_HEX, "--out", str(path.with_name("out.npy"))],
-            capture_output=True, text=True, check=True, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "stream.cli",
+                "replay",
+                str(path),
+                "--epsilon",
+                "0.05",
+                "--bound",
+                "500",
+                "--key",
+                KEY_HEX,
+                "--out",
+                str(path.with_name("out.npy")),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
         )
         walls.append(time.perf_counter() - t)
         inner.append(float(res.stderr.split(" M ticks/s")[0].rsplit(" ", 1)[-1]))
@@ -101,7 +117,9 @@ def utility() -> dict:
         )
         row = {"theta": theta, "s": op.smoother_layers}
         for name, est in (("ToPS", rel), ("flat Laplace", flat), ("always zero", np.zeros(R))):
-            errs = range_query_errors(truth, est, max_length=R, queries=200 * 10, rng=np.random.default_rng(0))
+            errs = range_query_errors(
+                truth, est, max_length=R, queries=200 * 10, rng=np.random.default_rng(0)
+            )
             row[f"MSE {name}"] = float(f"{summarize(errs)[0]:.3g}")
         out[f"eps={eps}"] = row
     return out
@@ -114,8 +132,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "dns.npy"
         np.save(path, shared_data.extended("dns_google_per_second.npy", M + R))
-        subprocess.run([sys.executable, "-m", "stream.cli", "replay", str(path), "--epsilon", "1", "--bound", "500",
-                        "--out", str(Path(d) / "warm.npy")], check=True, capture_output=True, cwd=ROOT)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "stream.cli",
+                "replay",
+                str(path),
+                "--epsilon",
+                "1",
+                "--bound",
+                "500",
+                "--out",
+                str(Path(d) / "warm.npy"),
+            ],
+            check=True,
+            capture_output=True,
+            cwd=ROOT,
+        )
         report = {"replay of 2^20 + 65536 DNS ticks": replay_throughput(path, args.repeat)}
     report["state per stream (defaults)"] = state_per_stream()
     report["range-query MSE on DNS, 2000 queries"] = utility()

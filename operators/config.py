@@ -38,7 +38,12 @@ def tree_height(query_range: int, fanout: int) -> int:
 
 
 def _positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         msg = f"{name} must be a positive number (got {value!r})"
         raise ConfigError(msg)
 
@@ -129,7 +134,11 @@ class ToPSConfig:
             if self.smoother_layers > h - 1:
                 msg = f"smoother_layers must be between 0 and h - 1 = {h - 1} (got {self.smoother_layers})"
                 raise ConfigError(msg)
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float) or not 0 <= self.alpha <= 1:
+        if (
+            isinstance(self.alpha, bool)
+            or not isinstance(self.alpha, int | float)
+            or not 0 <= self.alpha <= 1
+        ):
             msg = f"alpha must be in [0, 1] (got {self.alpha!r})"
             raise ConfigError(msg)
         _int_at_least("window", self.window, 1)

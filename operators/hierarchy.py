@@ -225,7 +225,12 @@ class ConsistentNoise:
         while pos < end:
             # the largest complete subtree (layer J <= L - 1, at most a chunk) that starts at pos and fits
             J = 0
-            while J + 1 <= L - 1 and pos % b ** (J + 1) == 0 and pos + b ** (J + 1) <= end and b ** (J + 1) <= _CHUNK_LEAVES:
+            while (
+                J + 1 <= L - 1
+                and pos % b ** (J + 1) == 0
+                and pos + b ** (J + 1) <= end
+                and b ** (J + 1) <= _CHUNK_LEAVES
+            ):
                 J += 1
             if J >= 1:
                 self._ensure_path(pos, J + 1)

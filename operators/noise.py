@@ -130,7 +130,11 @@ class KeyedGenerator:
         if block0 + nblocks > _MAX_BLOCKS:
             msg = "noise address out of range"
             raise ValueError(msg)
-        nonce = block0.to_bytes(4, "little") + int(domain).to_bytes(4, "little") + int(address).to_bytes(8, "little")
+        nonce = (
+            block0.to_bytes(4, "little")
+            + int(domain).to_bytes(4, "little")
+            + int(address).to_bytes(8, "little")
+        )
         enc = Cipher(algorithms.ChaCha20(self._key, nonce), mode=None).encryptor()
         stream = enc.update(bytes(nblocks * 64))
         return np.frombuffer(stream, dtype="<u8")[skip : skip + count].astype(np.uint64, copy=False)

@@ -138,7 +138,9 @@ def _predictions(st: SmootherState, u: np.ndarray, alpha: float) -> np.ndarray:
     return _grid(stat / w)
 
 
-def release_ticks(units: np.ndarray, leaf_noise: np.ndarray, st: SmootherState, *, alpha: float) -> np.ndarray:
+def release_ticks(
+    units: np.ndarray, leaf_noise: np.ndarray, st: SmootherState, *, alpha: float
+) -> np.ndarray:
     """One release per tick (in quantized units) for truncated, quantized ``units``.
 
     ``leaf_noise`` is the consistent noise (on the release grid) of exactly the leaves that complete in this call.

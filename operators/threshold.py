@@ -63,7 +63,9 @@ def candidate_grid(bound: float, resolution: float) -> np.ndarray:
     return np.unique(np.concatenate([dense, geo, [top]]))
 
 
-def holdout_histogram(units: np.ndarray, candidates: np.ndarray, hist: np.ndarray | None = None) -> np.ndarray:
+def holdout_histogram(
+    units: np.ndarray, candidates: np.ndarray, hist: np.ndarray | None = None
+) -> np.ndarray:
     """Add quantized holdout values to ``hist[k]`` = #values with ``candidates[k-1] < v <= candidates[k]``.
 
     ``hist`` has ``len(candidates) + 1`` bins; the last counts values above every candidate.

@@ -14,7 +14,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("stream.replay", "run a stream from a file through the same operators, at full speed"),
     "evaluate": ("stream.evaluate", "range-query MSE/MAE of releases against the truth (Eq. 9)"),
     "simulate": ("stream.simulate", "a synthetic smart-meter feed for demos and tests"),
-    "device": ("stream.device", "the device side of local-DP mode: perturb readings locally and publish reports"),
+    "device": (
+        "stream.device",
+        "the device side of local-DP mode: perturb readings locally and publish reports",
+    ),
 }
 
 

@@ -22,12 +22,18 @@ __all__ = ["add_arguments", "evaluate", "main"]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("truth", help="the true stream (.npy, .csv, .jsonl)")
     p.add_argument("releases", help="the releases (.npy from tops replay; NaN = holdout)")
-    p.add_argument("--range", dest="query_range", type=int, default=1 << 20, help="longest query (default 2^20)")
-    p.add_argument("--queries", type=int, default=200, help="random range queries per repetition (default 200)")
+    p.add_argument(
+        "--range", dest="query_range", type=int, default=1 << 20, help="longest query (default 2^20)"
+    )
+    p.add_argument(
+        "--queries", type=int, default=200, help="random range queries per repetition (default 200)"
+    )
     p.add_argument("--repetitions", type=int, default=10, help="repetitions of the query set (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the query positions (not of any noise)")
     p.add_argument("--plot", help="write a PNG of true vs released moving average (Figure 2 style)")
-    p.add_argument("--intervals", type=int, default=120, help="points of the plotted moving average (default 120)")
+    p.add_argument(
+        "--intervals", type=int, default=120, help="points of the plotted moving average (default 120)"
+    )
 
 
 def evaluate(
@@ -48,10 +54,10 @@ def evaluate(
 
 def _plot(path: str, truth: np.ndarray, releases: np.ndarray, intervals: int) -> None:
     try:
-        import matplotlib  # noqa: PLC0415
+        import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
+        import matplotlib.pyplot as plt
     except ImportError:
         msg = "--plot needs matplotlib: pip install 'tops[plot]'"
         raise InputError(msg) from None
@@ -81,7 +87,11 @@ def main(args: argparse.Namespace) -> int:
         if np.isnan(releases).all():
             msg = "no released tick (the stream is shorter than its holdout)"
             raise InputError(msg)
-        for name, v in (("--queries", args.queries), ("--repetitions", args.repetitions), ("--range", args.query_range)):
+        for name, v in (
+            ("--queries", args.queries),
+            ("--repetitions", args.repetitions),
+            ("--range", args.query_range),
+        ):
             if v < 1:
                 msg = f"{name} must be at least 1"
                 raise InputError(msg)
@@ -99,8 +109,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"tops evaluate: error: {exc}", file=sys.stderr)
         return 2
     n = int(np.count_nonzero(~np.isnan(releases)))
-    print(f"{args.queries} random range queries x {args.repetitions} repetitions, length 1..{args.query_range}, "
-          f"over {n} released ticks")
+    print(
+        f"{args.queries} random range queries x {args.repetitions} repetitions, length 1..{args.query_range}, "
+        f"over {n} released ticks"
+    )
     print(f"{'method':<14}{'MSE (Eq. 9)':>16}{'MAE':>14}")
     for name, (mse, mae) in res.items():
         print(f"{name:<14}{mse:>16.4g}{mae:>14.4g}")

@@ -23,7 +23,9 @@ def progress(items: Iterable[T], total: int, label: str, *, enabled: bool | None
             filled = int(width * k / max(total, 1))
             rate = k / max(time.monotonic() - start, 1e-9)
             eta = (total - k) / rate if rate else 0.0
-            sys.stderr.write(f"\r{label} [{'#' * filled}{' ' * (width - filled)}] {k}/{total} eta {eta:5.0f}s")
+            sys.stderr.write(
+                f"\r{label} [{'#' * filled}{' ' * (width - filled)}] {k}/{total} eta {eta:5.0f}s"
+            )
             sys.stderr.flush()
     if show:
         sys.stderr.write("\n")

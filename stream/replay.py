@@ -30,22 +30,32 @@ def add_privacy_arguments(p: argparse.ArgumentParser) -> None:
     """The stream parameters shared by replay and compare-style commands."""
     p.add_argument("--epsilon", type=float, required=True, help="privacy budget per event (eps-DP)")
     p.add_argument("--bound", type=float, required=True, help="public upper bound B of a value")
-    p.add_argument("--holdout", type=int, default=65536, help="m, ticks held out to choose theta (default 65536)")
-    p.add_argument("--range", dest="query_range", type=int, default=1 << 20, help="r, longest range (default 2^20)")
+    p.add_argument(
+        "--holdout", type=int, default=65536, help="m, ticks held out to choose theta (default 65536)"
+    )
+    p.add_argument(
+        "--range", dest="query_range", type=int, default=1 << 20, help="r, longest range (default 2^20)"
+    )
     p.add_argument("--fanout", type=int, default=16, help="b, fan-out of the hierarchy (default 16)")
     p.add_argument("--smoother", choices=SMOOTHERS, default="recent", help="smoother (default recent)")
     p.add_argument("--smoother-layers", type=int, default=None, help="s; default: Eq. 7")
     p.add_argument("--alpha", type=float, default=0.6, help="EMA weight (default 0.6)")
     p.add_argument("--window", type=int, default=8, help="leaves for the moving/median smoothers (default 8)")
     p.add_argument("--resolution", type=float, default=1.0, help="quantization step of values (default 1)")
-    p.add_argument("--threshold-epsilon", type=float, default=None, help="budget of the threshold (default: eps)")
-    p.add_argument("--theta", type=float, default=None, help="fixed public theta: no holdout, no budget spent")
+    p.add_argument(
+        "--threshold-epsilon", type=float, default=None, help="budget of the threshold (default: eps)"
+    )
+    p.add_argument(
+        "--theta", type=float, default=None, help="fixed public theta: no holdout, no budget spent"
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="the stream: .npy (1-D), .csv (one value a line) or .jsonl ({\"value\": x})")
+    p.add_argument("input", help='the stream: .npy (1-D), .csv (one value a line) or .jsonl ({"value": x})')
     add_privacy_arguments(p)
-    p.add_argument("--mode", choices=("central", "local"), default="central", help="ToPS (central) or ToPL (local)")
+    p.add_argument(
+        "--mode", choices=("central", "local"), default="central", help="ToPS (central) or ToPL (local)"
+    )
     p.add_argument("--key", help="the stream key, 64 hex digits (default: a fresh random key)")
     p.add_argument("--key-file", help="the daemon's master key file (with --stream)")
     p.add_argument("--stream", help="the stream name whose key to derive from --key-file")
@@ -102,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         values = read_stream(args.input)
         if args.mode == "local":
-            from operators.topl import ToPL, ToPLConfig  # noqa: PLC0415 - optional mode
+            from operators.topl import ToPL, ToPLConfig
 
             cfg_l = ToPLConfig.from_central(config_from_args(args))
             op = ToPL(cfg_l, key)

@@ -41,7 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--period", type=int, default=1440, help="ticks per day (default 1440: one a minute)")
     p.add_argument("--format", choices=("jsonl", "csv", "npy"), default="jsonl", help="output format")
     p.add_argument("--out", help="output file (default stdout; required for npy)")
-    p.add_argument("--rate", type=float, default=0.0, help="readings per second to pace output (default: no pacing)")
+    p.add_argument(
+        "--rate", type=float, default=0.0, help="readings per second to pace output (default: no pacing)"
+    )
     p.add_argument("--prefix", default="meter-", help="stream name prefix (default meter-)")
 
 
@@ -53,13 +55,15 @@ def main(args: argparse.Namespace) -> int:
         print("tops simulate: error: --format npy needs --out FILE and a single stream", file=sys.stderr)
         return 2
     data = [
-        simulate_values(args.ticks, seed=args.seed + k, period=args.period, scale=0.7 + 0.6 * ((k * 0.618) % 1))
+        simulate_values(
+            args.ticks, seed=args.seed + k, period=args.period, scale=0.7 + 0.6 * ((k * 0.618) % 1)
+        )
         for k in range(args.streams)
     ]
     if args.format == "npy":
         np.save(args.out, data[0])
         return 0
-    out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115
+    out = open(args.out, "w") if args.out else sys.stdout
     try:
         t0 = 1_767_225_600  # 2026-01-01T00:00:00Z
         pause = 1.0 / args.rate if args.rate > 0 else 0.0

@@ -22,8 +22,8 @@ def hay_offline(noise: list[np.ndarray], fanout: int) -> np.ndarray:
     L = len(noise)
     z = [noise[0].copy()]
     for j in range(1, L):
-        l = j + 1
-        a_l = (b**l - b ** (l - 1)) / (b**l - 1)
+        height = j + 1
+        a_l = (b**height - b ** (height - 1)) / (b**height - 1)
         z.append(a_l * noise[j] + (1 - a_l) * z[j - 1].reshape(-1, b).sum(axis=1))
     c = z[L - 1].copy()
     for j in range(L - 2, -1, -1):

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-DATA_DIR = Path(os.environ.get("TOPS_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+DATA_DIR = Path(
+    os.environ.get("TOPS_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
+)
 
 
 def path(name: str) -> Path:

@@ -16,14 +16,34 @@ KEY_HEX = "5a" * 32
 
 
 def tops(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stream.cli", *map(str, args)], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "stream.cli", *map(str, args)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_replay_contract_matches_the_operator(tmp_path: Path) -> None:
     x = np.random.default_rng(0).gamma(2.0, 4.0, 3000).round()
     np.save(tmp_path / "in.npy", x)
-    res = tops("replay", tmp_path / "in.npy", "--epsilon", 0.5, "--bound", 80, "--holdout", 400, "--range", 1024,
-               "--fanout", 4, "--smoother", "ema", "--key", KEY_HEX, "--out", tmp_path / "out.npy")
+    res = tops(
+        "replay",
+        tmp_path / "in.npy",
+        "--epsilon",
+        0.5,
+        "--bound",
+        80,
+        "--holdout",
+        400,
+        "--range",
+        1024,
+        "--fanout",
+        4,
+        "--smoother",
+        "ema",
+        "--key",
+        KEY_HEX,
+        "--out",
+        tmp_path / "out.npy",
+    )
     assert res.returncode == 0, res.stderr
     out = np.load(tmp_path / "out.npy")
     assert out.dtype == np.float64 and out.shape == x.shape
@@ -78,8 +98,20 @@ def test_bad_jsonl_and_npy(tmp_path: Path) -> None:
 
 def test_values_above_bound_are_clamped_and_counted(tmp_path: Path) -> None:
     np.save(tmp_path / "in.npy", np.array([1.0, 50.0, 3.0, 999.0] * 100))
-    res = tops("replay", tmp_path / "in.npy", "--epsilon", 1, "--bound", 10, "--holdout", 50, "--range", 256,
-               "--out", tmp_path / "o.npy")
+    res = tops(
+        "replay",
+        tmp_path / "in.npy",
+        "--epsilon",
+        1,
+        "--bound",
+        10,
+        "--holdout",
+        50,
+        "--range",
+        256,
+        "--out",
+        tmp_path / "o.npy",
+    )
     assert res.returncode == 0, res.stderr
     assert "clamped to bound = 200" in res.stderr
 
@@ -115,8 +147,24 @@ def test_key_file_derivation_matches_stream_keys(tmp_path: Path) -> None:
     assert (kf.stat().st_mode & 0o777) == 0o600
     x = np.random.default_rng(2).integers(0, 9, 500).astype(float)
     np.save(tmp_path / "in.npy", x)
-    res = tops("replay", tmp_path / "in.npy", "--epsilon", 1, "--bound", 10, "--holdout", 100, "--range", 256,
-               "--key-file", kf, "--stream", "meter-7", "--out", tmp_path / "o.npy")
+    res = tops(
+        "replay",
+        tmp_path / "in.npy",
+        "--epsilon",
+        1,
+        "--bound",
+        10,
+        "--holdout",
+        100,
+        "--range",
+        256,
+        "--key-file",
+        kf,
+        "--stream",
+        "meter-7",
+        "--out",
+        tmp_path / "o.npy",
+    )
     assert res.returncode == 0, res.stderr
     cfg = ToPSConfig(epsilon=1, bound=10, holdout=100, query_range=256)
     expected = ToPS(cfg, derive_stream_key(master, "meter-7")).process(x)
@@ -126,8 +174,20 @@ def test_key_file_derivation_matches_stream_keys(tmp_path: Path) -> None:
 
 def test_simulate_then_replay_then_evaluate(tmp_path: Path) -> None:
     assert tops("simulate", "--ticks", 5000, "--format", "npy", "--out", tmp_path / "sim.npy").returncode == 0
-    res = tops("replay", tmp_path / "sim.npy", "--epsilon", 1, "--bound", 5000, "--holdout", 1000, "--range", 4096,
-               "--out", tmp_path / "rel.npy")
+    res = tops(
+        "replay",
+        tmp_path / "sim.npy",
+        "--epsilon",
+        1,
+        "--bound",
+        5000,
+        "--holdout",
+        1000,
+        "--range",
+        4096,
+        "--out",
+        tmp_path / "rel.npy",
+    )
     assert res.returncode == 0, res.stderr
     res = tops("evaluate", tmp_path / "sim.npy", tmp_path / "rel.npy", "--range", 4096, "--repetitions", 3)
     assert res.returncode == 0, res.stderr
@@ -143,6 +203,8 @@ def test_evaluate_plot(tmp_path: Path) -> None:
     rel = x + 0.5
     rel[:100] = np.nan
     np.save(tmp_path / "r.npy", rel)
-    res = tops("evaluate", tmp_path / "t.npy", tmp_path / "r.npy", "--plot", tmp_path / "fig.png", "--range", 100)
+    res = tops(
+        "evaluate", tmp_path / "t.npy", tmp_path / "r.npy", "--plot", tmp_path / "fig.png", "--range", 100
+    )
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "fig.png").stat().st_size > 1000

@@ -30,7 +30,9 @@ def test_lazy_equals_offline_two_passes_node_for_node(b: int, layers: int, top: 
     a = 0.93
     n = top * b ** (layers - 1)
     walk = ConsistentNoise(gen, fanout=b, layers=layers, top_nodes=top, a=a)
-    lazy = np.concatenate([walk.next_leaves(k, rounded=False) for k in _batches(2 * n, seed=b * 100 + layers)])
+    lazy = np.concatenate(
+        [walk.next_leaves(k, rounded=False) for k in _batches(2 * n, seed=b * 100 + layers)]
+    )
     offline = np.concatenate(
         [
             hay_offline(whole_tree_noise(gen, tree=t, fanout=b, layers=layers, top_nodes=top, a=a), b)

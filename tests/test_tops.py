@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from operators import SMOOTHERS, ToPS, ToPSConfig
+from operators.evaluation import range_query_errors, summarize
 from operators.hierarchy import ConsistentNoise
 from operators.noise import Domain, KeyedGenerator, discrete_laplace_variance
-from operators.evaluation import range_query_errors, summarize
 from tests import shared_data
 from tests.reference import hay_offline, whole_tree_noise
 
@@ -59,7 +59,9 @@ def test_same_key_same_releases_other_key_other_releases() -> None:
 def test_batching_never_changes_a_release(smoother: str) -> None:
     """The daemon feeds ticks one by one or in bursts; replay feeds them all at once: same bits."""
     x = np.random.default_rng(1).gamma(2.0, 3.0, 6000).round()
-    cfg = ToPSConfig(epsilon=0.7, bound=60, holdout=300, query_range=1024, fanout=4, smoother=smoother, window=3)
+    cfg = ToPSConfig(
+        epsilon=0.7, bound=60, holdout=300, query_range=1024, fanout=4, smoother=smoother, window=3
+    )
     whole = ToPS(cfg, KEY).process(x)
     op = ToPS(cfg, KEY)
     parts = np.concatenate([op.process(p) for p in _batches(x, seed=2)])
@@ -74,7 +76,9 @@ def test_leaves_sum_to_their_consistent_noisy_sum_across_trees(smoother: str) ->
     """Released ticks of each complete leaf add up to true leaf sum + consistent leaf noise (Appendix C/D), over
     three trees; each tree's noise is the offline two passes of that tree's own (fresh) noise."""
     theta, b, s, r = 9, 4, 2, 256
-    cfg = ToPSConfig(epsilon=0.8, bound=30, theta=theta, fanout=b, smoother_layers=s, query_range=r, smoother=smoother)
+    cfg = ToPSConfig(
+        epsilon=0.8, bound=30, theta=theta, fanout=b, smoother_layers=s, query_range=r, smoother=smoother
+    )
     x = np.random.default_rng(3).integers(0, 20, size=3 * r).astype(float)
     op = ToPS(cfg, KEY)
     rel = np.concatenate([op.process(p) for p in _batches(x, seed=4)])
@@ -84,7 +88,13 @@ def test_leaves_sum_to_their_consistent_noisy_sum_across_trees(smoother: str) ->
     layers = cfg.height - s
     a = math.exp(-(cfg.epsilon / layers) / theta)
     gen = KeyedGenerator(KEY)
-    offline = [hay_offline(whole_tree_noise(gen, tree=t, fanout=b, layers=layers, top_nodes=r // b ** (cfg.height - 1), a=a), b) for t in range(3)]
+    offline = [
+        hay_offline(
+            whole_tree_noise(gen, tree=t, fanout=b, layers=layers, top_nodes=r // b ** (cfg.height - 1), a=a),
+            b,
+        )
+        for t in range(3)
+    ]
     expected = truth + np.rint(np.concatenate(offline) * 1024) / 1024
     assert np.array_equal(leaf_rel, expected)
     assert not np.allclose(offline[0], offline[1])
