@@ -1,0 +1,256 @@
+"""The state store: SQLite (WAL) in the data directory, mode 0600, written atomically; and the privacy ledger.
+
+Per stream it keeps the parameters, the key *generation* (never a key: keys are derived from the master key file),
+and the checkpointed state (the operator snapshot: tick position, holdout histogram until theta is chosen, theta,
+perturber walk and smoother state, last ``seq``). A checkpoint of all streams and the journal position it covers are
+one transaction, so a crash leaves either the old or the new checkpoint, never a mix.
+
+The ledger records, per stream and generation, eps, the holdout size and the dates. Opening a stream with other
+privacy parameters than its ledger entry is refused unless a new generation is asked for explicitly: a new
+generation has a new key (so no noise is ever reused across parameter sets) and its own ledger entry.
+
+>>> import tempfile, os
+>>> st = Store.open(os.path.join(tempfile.mkdtemp(), "state.db"))
+>>> st.admit("meter-1", {"epsilon": 1.0, "bound": 10.0}).generation
+1
+>>> st.admit("meter-1", {"epsilon": 2.0, "bound": 10.0})
+Traceback (most recent call last):
+...
+stream.store.PrivacyParametersChanged: stream 'meter-1' was started with other privacy parameters (epsilon 1.0 -> 2.0); ...
+>>> st.admit("meter-1", {"epsilon": 2.0, "bound": 10.0}, new_generation=True).generation
+2
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import sqlite3
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Admission", "PrivacyParametersChanged", "Store", "StoreError"]
+
+SCHEMA_VERSION = 1
+# parameters whose change alters the privacy guarantee or the meaning of released values
+PRIVACY_KEYS = (
+    "mode",
+    "epsilon",
+    "threshold_epsilon",
+    "bound",
+    "holdout",
+    "query_range",
+    "fanout",
+    "resolution",
+    "theta",
+    "smoother",
+    "smoother_layers",
+    "alpha",
+    "window",
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS streams (
+    name TEXT PRIMARY KEY,
+    generation INTEGER NOT NULL,
+    params TEXT NOT NULL,
+    state TEXT,
+    updated TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ledger (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    stream TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    epsilon REAL,
+    threshold_epsilon REAL,
+    holdout INTEGER,
+    params TEXT NOT NULL,
+    started TEXT NOT NULL,
+    retired TEXT,
+    UNIQUE (stream, generation)
+);
+"""
+
+
+class StoreError(Exception):
+    """The state store cannot be opened or read: corrupt, of another version, or not accessible."""
+
+
+class PrivacyParametersChanged(StoreError):
+    """A stream's privacy parameters differ from its ledger entry and no new generation was asked for."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A stream admitted by the ledger: its key generation and its checkpointed state (None if new)."""
+
+    name: str
+    generation: int
+    state: dict[str, Any] | None
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def _privacy_view(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: params.get(k) for k in PRIVACY_KEYS if k in params}
+
+
+class Store:
+    """One SQLite file; use :meth:`open`. Not thread-safe: the daemon calls it from its event loop only."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self._db = conn
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, create: bool = True, readonly: bool = False) -> Store:
+        """Open (or create, mode 0600) the store; anything wrong stops here with a clear :class:`StoreError`."""
+        p = Path(path)
+        if not p.exists():
+            if readonly or not create:
+                msg = f"state store {p} does not exist"
+                raise StoreError(msg)
+            p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        elif not readonly and p.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            msg = f"state store {p} must not be readable by group or others (chmod 600): it holds private data"
+            raise StoreError(msg)
+        try:
+            if readonly:
+                conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True, isolation_level=None)
+            else:
+                conn = sqlite3.connect(p, isolation_level=None)
+            conn.execute("PRAGMA busy_timeout = 5000")
+            check = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                msg = (
+                    f"state store {p} is corrupt ({check}); refusing to start. Restore it from a backup or move it away"
+                )
+                raise StoreError(msg)
+            if not readonly:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = FULL")
+                conn.executescript(_SCHEMA)
+                row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+                if row is None:
+                    conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+                    conn.execute("INSERT INTO meta VALUES ('created', ?)", (_now(),))
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        except sqlite3.DatabaseError as exc:
+            msg = f"state store {p} is not a readable tops store ({exc}); refusing to start"
+            raise StoreError(msg) from None
+        if row is None or row[0] != str(SCHEMA_VERSION):
+            msg = f"state store {p} has schema {row[0] if row else 'none'}, this tops reads {SCHEMA_VERSION}"
+            raise StoreError(msg)
+        return cls(p, conn)
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._db.close()
+
+    # -- the ledger ---------------------------------------------------------------------------------------------
+    def admit(self, name: str, params: dict[str, Any], *, new_generation: bool = False) -> Admission:
+        """Check ``params`` against the ledger; return the generation and checkpointed state of the stream.
+
+        A new stream gets generation 1 and a ledger entry. An existing one must have the same privacy parameters,
+        unless ``new_generation``: then the old entry is retired, the generation goes up by one (a new key) and its
+        state starts afresh.
+        """
+        db = self._db
+        row = db.execute("SELECT generation, params, state FROM streams WHERE name = ?", (name,)).fetchone()
+        if row is not None:
+            gen, old_params, state = int(row[0]), json.loads(row[1]), row[2]
+            old, new = _privacy_view(old_params), _privacy_view(params)
+            if old == new:
+                return Admission(name, gen, json.loads(state) if state else None)
+            if not new_generation:
+                diff = ", ".join(f"{k} {old.get(k)} -> {new.get(k)}" for k in PRIVACY_KEYS if old.get(k) != new.get(k))
+                msg = (
+                    f"stream {name!r} was started with other privacy parameters ({diff}); refusing to mix them. "
+                    f"Keep the old parameters, or start generation {gen + 1} of this stream explicitly "
+                    f"(new key, new ledger entry): tops run --new-generation {name}"
+                )
+                raise PrivacyParametersChanged(msg)
+            gen += 1
+        else:
+            gen = 1
+        now = _now()
+        pj = json.dumps(params, sort_keys=True)
+        with self._transaction():
+            db.execute("UPDATE ledger SET retired = ? WHERE stream = ? AND retired IS NULL", (now, name))
+            db.execute(
+                "INSERT INTO ledger (stream, generation, epsilon, threshold_epsilon, holdout, params, started) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    name,
+                    gen,
+                    params.get("epsilon"),
+                    params.get("threshold_epsilon") or params.get("epsilon"),
+                    params.get("holdout"),
+                    pj,
+                    now,
+                ),
+            )
+            db.execute(
+                "INSERT INTO streams (name, generation, params, state, updated) VALUES (?, ?, ?, NULL, ?) "
+                "ON CONFLICT(name) DO UPDATE SET generation = excluded.generation, params = excluded.params, "
+                "state = NULL, updated = excluded.updated",
+                (name, gen, pj, now),
+            )
+        return Admission(name, gen, None)
+
+    def ledger(self) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT stream, generation, epsilon, threshold_epsilon, holdout, started, retired FROM ledger ORDER BY id"
+        ).fetchall()
+        keys = ("stream", "generation", "epsilon", "threshold_epsilon", "holdout", "started", "retired")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    # -- checkpoints --------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _transaction(self):
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def checkpoint(self, states: dict[str, dict[str, Any]], journal_position: int) -> None:
+        """Write the states of the given streams and the journal position they cover, in one transaction."""
+        now = _now()
+        with self._transaction():
+            self._db.executemany(
+                "UPDATE streams SET state = ?, updated = ? WHERE name = ?",
+                [(json.dumps(s, separators=(",", ":")), now, name) for name, s in states.items()],
+            )
+            self._db.execute(
+                "INSERT INTO meta VALUES ('journal_position', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (str(journal_position),),
+            )
+
+    def journal_position(self) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'journal_position'").fetchone()
+        return int(row[0]) if row else 0
+
+    def streams(self) -> list[dict[str, Any]]:
+        """Every stream with its generation, parameters and checkpointed state (for ``tops state`` and restarts)."""
+        rows = self._db.execute("SELECT name, generation, params, state, updated FROM streams ORDER BY name")
+        return [
+            {
+                "name": r[0],
+                "generation": int(r[1]),
+                "params": json.loads(r[2]),
+                "state": json.loads(r[3]) if r[3] else None,
+                "updated": r[4],
+            }
+            for r in rows
+        ]

@@ -1,0 +1,124 @@
+"""The state store, the privacy ledger and the input journal, on real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stream.journal import Journal
+from stream.store import PrivacyParametersChanged, Store, StoreError
+
+PARAMS = {"mode": "central", "epsilon": 1.0, "bound": 100.0, "holdout": 500, "query_range": 4096, "fanout": 16}
+
+
+def test_store_is_private_and_checkpoints_atomically(tmp_path: Path) -> None:
+    st = Store.open(tmp_path / "state.db")
+    assert (tmp_path / "state.db").stat().st_mode & 0o777 == 0o600
+    st.admit("a", PARAMS)
+    st.admit("b", PARAMS)
+    st.checkpoint({"a": {"operator": {"ticks": 3}}, "b": {"operator": {"ticks": 4}}}, journal_position=7)
+    st.close()
+    again = Store.open(tmp_path / "state.db")
+    assert again.journal_position() == 7
+    assert {s["name"]: s["state"]["operator"]["ticks"] for s in again.streams()} == {"a": 3, "b": 4}
+    assert again.admit("a", dict(PARAMS)).state == {"operator": {"ticks": 3}}
+
+
+def test_changed_privacy_parameters_are_refused_unless_a_new_generation(tmp_path: Path) -> None:
+    st = Store.open(tmp_path / "state.db")
+    st.admit("m", PARAMS)
+    for key, value in (("epsilon", 2.0), ("bound", 50.0), ("holdout", 10)):
+        with pytest.raises(PrivacyParametersChanged, match=f"{key} "):
+            st.admit("m", {**PARAMS, key: value})
+    adm = st.admit("m", {**PARAMS, "epsilon": 2.0}, new_generation=True)
+    assert adm.generation == 2 and adm.state is None
+    ledger = st.ledger()
+    assert [(r["generation"], r["epsilon"], r["retired"] is not None) for r in ledger] == [
+        (1, 1.0, True),
+        (2, 2.0, False),
+    ]
+
+
+def test_a_corrupt_or_open_store_is_refused(tmp_path: Path) -> None:
+    p = tmp_path / "state.db"
+    Store.open(p).close()
+    data = bytearray(p.read_bytes())
+    data[100:4000] = os.urandom(3900)
+    p.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="refusing to start"):
+        Store.open(p)
+    q = tmp_path / "other.db"
+    q.write_text("this is not a database at all " * 100)
+    q.chmod(0o600)
+    with pytest.raises(StoreError, match="not a readable tops store|corrupt"):
+        Store.open(q)
+    r = tmp_path / "open.db"
+    Store.open(r).close()
+    r.chmod(0o644)
+    with pytest.raises(StoreError, match="chmod 600"):
+        Store.open(r)
+
+
+def test_journal_replays_from_the_checkpoint_and_skips_a_torn_tail(tmp_path: Path) -> None:
+    j = Journal.open(tmp_path)
+    for k in range(5):
+        j.append("s", float(k), ts=float(k), seq=k)
+    j.sync()
+    pos = j.rotate()
+    for k in range(5, 8):
+        j.append("s", float(k), ts=float(k), seq=k)
+    j.sync()
+    seg = tmp_path / f"seg-{j.segment:012d}.log"
+    with open(seg, "ab") as f:
+        f.write(b'{"s":"s","v":9')  # a crash in the middle of a write
+    assert oct(seg.stat().st_mode & 0o777) == "0o600"
+    j2 = Journal.open(tmp_path)
+    assert [r.seq for r in j2.replay(pos)] == [5, 6, 7]
+    assert [r.seq for r in j2.replay(0)] == [0, 1, 2, 3, 4, 5, 6, 7]
+    j2.drop_before(pos)
+    assert [r.seq for r in j2.replay(0)] == [5, 6, 7]
+
+
+def test_tops_state_is_read_only_and_shows_no_secret(tmp_path: Path) -> None:
+    st = Store.open(tmp_path / "state.db")
+    st.admit("meter-1", {**PARAMS, "resolution": 1.0})
+    st.checkpoint({"meter-1": {"operator": {"ticks": 900, "theta_units": 17, "holdout_histogram": None}}}, 2)
+    st.close()
+    before = (tmp_path / "state.db").read_bytes()
+    res = subprocess.run(
+        [sys.executable, "-m", "stream.cli", "state", "--data-dir", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert rows[0]["stream"] == "meter-1" and rows[0]["phase"] == "releasing" and rows[0]["released"] == 400
+    assert rows[0]["theta"] == 17.0 and rows[0]["epsilon"] == 1.0
+    assert (tmp_path / "state.db").read_bytes() == before
+    table = subprocess.run(
+        [sys.executable, "-m", "stream.cli", "state", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "meter-1" in table.stdout and "releasing" in table.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "stream.cli", "state", "--data-dir", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_sqlite_wal_mode(tmp_path: Path) -> None:
+    Store.open(tmp_path / "state.db").close()
+    mode = sqlite3.connect(tmp_path / "state.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
