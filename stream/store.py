@@ -16,7 +16,7 @@ generation has a new key (so no noise is ever reused across parameter sets) and 
 >>> st.admit("meter-1", {"epsilon": 2.0, "bound": 10.0})
 Traceback (most recent call last):
 ...
-stream.store.PrivacyParametersChanged: stream 'meter-1' was started with other privacy parameters (epsilon 1.0 -> 2.0); ...
+stream.store.PrivacyParametersChanged: stream 'meter-1' was started with other privacy parameters (epsilon 1.0 -> ...
 >>> st.admit("meter-1", {"epsilon": 2.0, "bound": 10.0}, new_generation=True).generation
 2
 """
@@ -171,7 +171,9 @@ class Store:
             if old == new:
                 return Admission(name, gen, json.loads(state) if state else None)
             if not new_generation:
-                diff = ", ".join(f"{k} {old.get(k)} -> {new.get(k)}" for k in PRIVACY_KEYS if old.get(k) != new.get(k))
+                diff = ", ".join(
+                    f"{k} {old.get(k)} -> {new.get(k)}" for k in PRIVACY_KEYS if old.get(k) != new.get(k)
+                )
                 msg = (
                     f"stream {name!r} was started with other privacy parameters ({diff}); refusing to mix them. "
                     f"Keep the old parameters, or start generation {gen + 1} of this stream explicitly "

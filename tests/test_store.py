@@ -56,7 +56,7 @@ def test_a_corrupt_or_open_store_is_refused(tmp_path: Path) -> None:
     q = tmp_path / "other.db"
     q.write_text("this is not a database at all " * 100)
     q.chmod(0o600)
-    with pytest.raises(StoreError, match="not a readable tops store|corrupt"):
+    with pytest.raises(StoreError, match=r"not a readable tops store|corrupt"):
         Store.open(q)
     r = tmp_path / "open.db"
     Store.open(r).close()
