@@ -2,6 +2,18 @@
 
 from operators.config import SMOOTHERS, ConfigError, ToPSConfig
 from operators.noise import Domain, KeyedGenerator, new_key
+from operators.topl import ToPL, ToPLConfig, choose_threshold
 from operators.tops import ToPS
 
-__all__ = ["SMOOTHERS", "ConfigError", "Domain", "KeyedGenerator", "ToPS", "ToPSConfig", "new_key"]
+__all__ = [
+    "SMOOTHERS",
+    "ConfigError",
+    "Domain",
+    "KeyedGenerator",
+    "ToPL",
+    "ToPLConfig",
+    "ToPS",
+    "ToPSConfig",
+    "choose_threshold",
+    "new_key",
+]

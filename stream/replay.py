@@ -114,7 +114,15 @@ def main(args: argparse.Namespace) -> int:
         if args.mode == "local":
             from operators.topl import ToPL, ToPLConfig
 
-            cfg_l = ToPLConfig.from_central(config_from_args(args))
+            cfg_l = ToPLConfig(
+                epsilon=args.epsilon,
+                bound=args.bound,
+                threshold_epsilon=args.threshold_epsilon,
+                holdout=args.holdout,
+                query_range=args.query_range,
+                resolution=args.resolution,
+                theta=args.theta,
+            )
             op = ToPL(cfg_l, key)
             releases = op.process(values)
             theta, s = op.theta, None

@@ -1,0 +1,603 @@
+"""The device side of local-DP mode (ToPL): follow the stream's control message, perturb readings, publish reports.
+
+Protocol (the daemon publishes, devices follow). The control message of stream ``s`` is a retained JSON object on
+``tops/control/{stream}``::
+
+    {"stream": s, "phase": "threshold", "epsilon": e1, "bound": B, "mechanism": "square_wave", "sw_b": b}
+    {"stream": s, "phase": "stream", "epsilon": e2, "theta": t, "mechanism": "hybrid"}
+
+In phase ``threshold`` a device clamps each reading to ``[0, B]`` and reports it with Square Wave (Eq. 16, with the
+message's ``sw_b``); in phase ``stream`` it truncates the reading to ``[0, theta]`` and reports it with the Hybrid
+mechanism. Reports are JSON objects on ``meters/{stream}/report`` (configurable), in reading units::
+
+    {"report": y, "phase": "threshold", "ts": t}            y in [-b B, (1 + b) B]
+    {"report": y, "phase": "stream", "ts": t, "theta": t}   y an unbiased estimate of min(reading, theta)
+
+``ts`` is the wall-clock time (Unix seconds) at which the device read the reading. Raw readings never leave the
+device: they are not published, logged, or put into error messages. Until a control message arrives the device
+holds at most ``--buffer`` readings and stops reading its input (nothing is dropped); an empty retained message
+withdraws the control and the device holds readings again.
+
+The randomness of a device comes from a :class:`~operators.noise.KeyedGenerator` with a fresh random key
+(``Domain.LOCAL``, address 1 for SW and 2 for HM, positions counting up), so nobody else can reproduce its reports.
+
+Examples
+--------
+>>> dev = Device("meter-1")
+>>> dev.phase is None
+True
+>>> dev.on_control(threshold_control("meter-1", epsilon=1.0, bound=100.0))
+'threshold'
+>>> reports = dev.perturb([3.0, 250.0], ts=1700000000.0)
+>>> [sorted(r) for r in reports]
+[['phase', 'report', 'ts'], ['phase', 'report', 'ts']]
+>>> b = threshold_control("meter-1", 1.0, 100.0)["sw_b"]
+>>> all(-b * 100 <= r["report"] <= (1 + b) * 100 for r in reports)
+True
+>>> dev.on_control({"stream": "meter-1", "phase": "stream", "epsilon": 1.0, "theta": 10.0, "mechanism": "hybrid"})
+'stream'
+>>> r = dev.perturb([4.0])[0]
+>>> r["phase"], r["theta"]
+('stream', 10.0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import sys
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from operators.local.hybrid import hybrid_report, hybrid_scale
+from operators.local.square_wave import square_wave_parameters, square_wave_report
+from operators.noise import Domain, KeyedGenerator, new_key
+
+__all__ = [
+    "DEFAULT_CONTROL_TOPIC",
+    "DEFAULT_REPORT_TOPIC",
+    "Control",
+    "ControlError",
+    "Device",
+    "add_arguments",
+    "main",
+    "parse_control",
+    "run_device",
+    "stream_control",
+    "threshold_control",
+]
+
+log = logging.getLogger("tops.device")
+
+DEFAULT_CONTROL_TOPIC = "tops/control/{stream}"
+DEFAULT_REPORT_TOPIC = "meters/{stream}/report"
+PHASE_THRESHOLD = "threshold"
+PHASE_STREAM = "stream"
+MECHANISMS = {PHASE_THRESHOLD: "square_wave", PHASE_STREAM: "hybrid"}
+ADDRESS_SQUARE_WAVE = 1
+ADDRESS_HYBRID = 2
+_MAX_POSITION = 1 << 34  # well inside the 2^35 words of one ChaCha20 keystream; a fresh key after that
+_MAX_CONTROL_BYTES = 4096
+
+
+class ControlError(ValueError):
+    """A control message is malformed, for another stream, or outside the allowed values."""
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """A validated control message: the phase and the parameters of its randomizer."""
+
+    stream: str
+    phase: str
+    epsilon: float
+    bound: float | None = None
+    sw_b: float | None = None
+    theta: float | None = None
+
+    def report_range(self) -> tuple[float, float]:
+        """The interval every honest report of this phase lies in (the server may reject reports outside it)."""
+        if self.phase == PHASE_THRESHOLD:
+            assert self.bound is not None and self.sw_b is not None
+            return -self.sw_b * self.bound, (1.0 + self.sw_b) * self.bound
+        assert self.theta is not None
+        s = hybrid_scale(self.epsilon)
+        return 0.5 * self.theta * (1.0 - s), 0.5 * self.theta * (1.0 + s)
+
+    def to_message(self) -> dict[str, Any]:
+        """The JSON object the daemon publishes (retained) on the control topic."""
+        msg: dict[str, Any] = {"stream": self.stream, "phase": self.phase, "epsilon": self.epsilon}
+        if self.phase == PHASE_THRESHOLD:
+            msg.update(bound=self.bound, mechanism=MECHANISMS[PHASE_THRESHOLD], sw_b=self.sw_b)
+        else:
+            msg.update(theta=self.theta, mechanism=MECHANISMS[PHASE_STREAM])
+        return msg
+
+
+def _number(msg: dict[str, Any], name: str, *, upper: float = math.inf) -> float:
+    value = msg.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < upper:
+        text = f"control field {name!r} must be a positive number"
+        raise ControlError(text + (f" below {upper:g}" if math.isfinite(upper) else ""))
+    return float(value)
+
+
+def parse_control(message: Any, stream: str | None = None) -> Control:
+    """Validate a control message (dict, JSON text or bytes); ``stream`` must match when given."""
+    if isinstance(message, bytes | bytearray):
+        if len(message) > _MAX_CONTROL_BYTES:
+            msg = "control message too large"
+            raise ControlError(msg)
+        message = message.decode("utf-8", errors="replace")
+    if isinstance(message, str):
+        try:
+            message = json.loads(message)
+        except json.JSONDecodeError:
+            msg = "control message is not JSON"
+            raise ControlError(msg) from None
+    if not isinstance(message, dict):
+        msg = "control message must be a JSON object"
+        raise ControlError(msg)
+    name = message.get("stream")
+    if not isinstance(name, str) or not name:
+        msg = "control field 'stream' must be a non-empty string"
+        raise ControlError(msg)
+    if stream is not None and name != stream:
+        msg = "control message is for another stream"
+        raise ControlError(msg)
+    phase = message.get("phase")
+    if phase not in MECHANISMS:
+        msg = f"control field 'phase' must be {PHASE_THRESHOLD!r} or {PHASE_STREAM!r}"
+        raise ControlError(msg)
+    if message.get("mechanism", MECHANISMS[phase]) != MECHANISMS[phase]:
+        msg = f"control field 'mechanism' must be {MECHANISMS[phase]!r} in phase {phase!r}"
+        raise ControlError(msg)
+    epsilon = _number(message, "epsilon", upper=700)
+    if phase == PHASE_THRESHOLD:
+        bound = _number(message, "bound")
+        sw_b = _number(message, "sw_b", upper=1e6) if "sw_b" in message else square_wave_parameters(epsilon)[0]
+        if not math.isfinite(bound):
+            msg = "control field 'bound' must be finite"
+            raise ControlError(msg)
+        return Control(stream=name, phase=phase, epsilon=epsilon, bound=bound, sw_b=sw_b)
+    theta = _number(message, "theta")
+    if not math.isfinite(theta):
+        msg = "control field 'theta' must be finite"
+        raise ControlError(msg)
+    return Control(stream=name, phase=phase, epsilon=epsilon, theta=theta)
+
+
+def threshold_control(stream: str, epsilon: float, bound: float, sw_b: float | None = None) -> dict[str, Any]:
+    """The phase-1 control message (Square Wave on ``[0, bound]``; ``sw_b`` from Eq. 16 unless given)."""
+    b = square_wave_parameters(epsilon, sw_b)[0]
+    return Control(
+        stream=stream, phase=PHASE_THRESHOLD, epsilon=float(epsilon), bound=float(bound), sw_b=b
+    ).to_message()
+
+
+def stream_control(stream: str, epsilon: float, theta: float) -> dict[str, Any]:
+    """The phase-2 control message (truncate to ``[0, theta]``, Hybrid mechanism at ``epsilon``)."""
+    return parse_control(
+        {"stream": stream, "phase": PHASE_STREAM, "epsilon": epsilon, "theta": theta, "mechanism": "hybrid"}
+    ).to_message()
+
+
+class Device:
+    """One device's randomizer: the latest control message of its stream and a private keyed generator.
+
+    ``key`` exists for tests only; by default every device draws a fresh random key, which is what makes its
+    reports impossible to reproduce (and devices' noise independent).
+    """
+
+    def __init__(self, stream: str, key: bytes | None = None) -> None:
+        if not isinstance(stream, str) or not stream or any(c in stream for c in "+#/\0"):
+            msg = "a stream name is a non-empty string without '+', '#', '/'"
+            raise ValueError(msg)
+        self.stream = stream
+        self.control: Control | None = None
+        self.reports = 0
+        self._fixed_key = key is not None
+        self._gen = KeyedGenerator(key if key is not None else new_key())
+        self._positions = {ADDRESS_SQUARE_WAVE: 0, ADDRESS_HYBRID: 0}
+
+    def __repr__(self) -> str:
+        return f"Device(stream={self.stream!r}, phase={self.phase!r}, reports={self.reports})"
+
+    @property
+    def phase(self) -> str | None:
+        """``threshold``, ``stream``, or ``None`` before the first control message."""
+        return None if self.control is None else self.control.phase
+
+    def on_control(self, message: Any) -> str | None:
+        """Follow a control message (dict, JSON text or bytes; empty withdraws it); returns the phase.
+
+        Raises :class:`ControlError` (and keeps the previous control) when the message is invalid.
+        """
+        if message in (b"", "", None):
+            self.control = None
+            return None
+        self.control = parse_control(message, self.stream)
+        return self.control.phase
+
+    def _uniforms(self, address: int, count: int) -> np.ndarray:
+        start = self._positions[address]
+        if start + count > _MAX_POSITION:
+            if self._fixed_key:
+                msg = "the test key's keystream is exhausted"
+                raise RuntimeError(msg)
+            self._gen = KeyedGenerator(new_key())
+            self._positions = dict.fromkeys(self._positions, 0)
+            start = 0
+        self._positions[address] = start + count
+        return self._gen.uniforms(Domain.LOCAL, address, start, count)
+
+    def perturb_values(self, readings: Any) -> np.ndarray:
+        """The reports (reading units) for a batch of finite, non-negative readings, under the current control."""
+        if self.control is None:
+            msg = "no control message yet: the device does not know its phase"
+            raise RuntimeError(msg)
+        v = np.asarray(readings, dtype=np.float64).reshape(-1)
+        if v.size and (not np.isfinite(v).all() or (v < 0).any()):
+            msg = "readings must be finite and non-negative"
+            raise ValueError(msg)
+        c = self.control
+        if c.phase == PHASE_THRESHOLD:
+            assert c.bound is not None
+            out = square_wave_report(v, c.bound, c.epsilon, self._uniforms(ADDRESS_SQUARE_WAVE, v.size), c.sw_b)
+        else:
+            assert c.theta is not None
+            u = self._uniforms(ADDRESS_HYBRID, 2 * v.size)
+            out = hybrid_report(v, c.theta, c.epsilon, u[0::2], u[1::2])
+        self.reports += v.size
+        return out
+
+    def perturb(self, readings: Any, ts: Any = None) -> list[dict[str, Any]]:
+        """Report messages (JSON-ready dicts) for a batch of readings; ``ts`` a time or one per reading (default
+        now)."""
+        values = self.perturb_values(readings)
+        assert self.control is not None
+        phase, theta = self.control.phase, self.control.theta
+        if ts is None:
+            stamps: Iterable[float] = [round(time.time(), 3)] * values.size
+        elif np.ndim(ts) == 0:
+            stamps = [float(ts)] * values.size
+        else:
+            stamps = [float(t) for t in ts]
+            if len(stamps) != values.size:
+                msg = "ts must be one time or one time per reading"
+                raise ValueError(msg)
+        if phase == PHASE_THRESHOLD:
+            return [{"report": float(y), "phase": phase, "ts": t} for y, t in zip(values, stamps, strict=True)]
+        return [
+            {"report": float(y), "phase": phase, "ts": t, "theta": theta} for y, t in zip(values, stamps, strict=True)
+        ]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the `tops device` command
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceOptions:
+    """What ``tops device`` was asked to do."""
+
+    host: str
+    port: int
+    stream: str
+    input: str = "-"
+    report_topic: str = DEFAULT_REPORT_TOPIC
+    control_topic: str = DEFAULT_CONTROL_TOPIC
+    username: str | None = None
+    password: str | None = None
+    qos: int = 0
+    buffer: int = 1000
+    control_timeout: float | None = None
+    client_id: str | None = None
+
+
+class _Pipeline:
+    """Readings -> held until a control message -> reports -> outbox; at most ``limit`` readings in flight."""
+
+    def __init__(self, device: Device, limit: int) -> None:
+        self.device = device
+        self.limit = limit
+        self.held: list[tuple[float, float]] = []
+        self.outbox: collections.deque[dict[str, Any]] = collections.deque()
+        self.cond = asyncio.Condition()
+        self.eof = False
+        self.has_control = asyncio.Event()
+        self.invalid = 0
+        self.published = 0
+
+    def _in_flight(self) -> int:
+        return len(self.held) + len(self.outbox)
+
+    async def add(self, readings: list[float], stamps: list[float]) -> None:
+        i = 0
+        while i < len(readings):
+            async with self.cond:
+                await self.cond.wait_for(lambda: self._in_flight() < self.limit)
+                room = self.limit - self._in_flight()
+                part, part_ts = readings[i : i + room], stamps[i : i + room]
+                i += len(part)
+                if self.device.control is None:
+                    self.held.extend(zip(part, part_ts, strict=True))
+                else:
+                    self.outbox.extend(self.device.perturb(part, part_ts))
+                self.cond.notify_all()
+
+    async def control(self, payload: bytes) -> None:
+        async with self.cond:
+            try:
+                phase = self.device.on_control(payload)
+            except ControlError as exc:
+                log.warning("ignoring control message: %s", exc)
+                return
+            if phase is None:
+                log.info("control withdrawn; holding readings")
+                self.has_control.clear()
+            else:
+                c = self.device.control
+                assert c is not None
+                log.info("phase %s (epsilon %g)", phase, c.epsilon)
+                self.has_control.set()
+                if self.held:
+                    values, stamps = zip(*self.held, strict=True)
+                    self.outbox.extend(self.device.perturb(list(values), list(stamps)))
+                    self.held.clear()
+            self.cond.notify_all()
+
+    async def finish(self) -> None:
+        async with self.cond:
+            self.eof = True
+            self.cond.notify_all()
+
+    async def next_report(self) -> dict[str, Any] | None:
+        """The oldest unpublished report, or None when the input has ended and everything is published."""
+        async with self.cond:
+            await self.cond.wait_for(lambda: bool(self.outbox) or (self.eof and not self.held))
+            return self.outbox[0] if self.outbox else None
+
+    async def published_one(self) -> None:
+        async with self.cond:
+            self.outbox.popleft()
+            self.published += 1
+            self.cond.notify_all()
+
+
+def _parse_lines(lines: list[bytes], pipeline: _Pipeline) -> list[float]:
+    out: list[float] = []
+    for line in lines:
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            pipeline.invalid += 1
+            continue
+        if not math.isfinite(value) or value < 0:
+            pipeline.invalid += 1
+            continue
+        out.append(value)
+    return out
+
+
+async def _chunks(path: str) -> AsyncIterator[bytes]:
+    """Chunks of the input as they become available (a daemon thread reads, so a blocked stdin never hangs exit)."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[bytes | BaseException] = asyncio.Queue(maxsize=4)
+    fd = sys.stdin.fileno() if path == "-" else os.open(path, os.O_RDONLY)
+
+    def reader() -> None:
+        try:
+            while True:
+                chunk = os.read(fd, 1 << 16)
+                asyncio.run_coroutine_threadsafe(queue.put(chunk), loop).result()
+                if not chunk:
+                    return
+        except BaseException as exc:  # delivered to the event loop, re-raised there
+            with contextlib.suppress(RuntimeError):
+                asyncio.run_coroutine_threadsafe(queue.put(exc), loop).result()
+        finally:
+            if path != "-":
+                os.close(fd)
+
+    threading.Thread(target=reader, name="tops-device-input", daemon=True).start()
+    while True:
+        item = await queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        if not item:
+            return
+        yield item
+
+
+async def _read_input(path: str, pipeline: _Pipeline) -> None:
+    partial = b""
+    async for chunk in _chunks(path):
+        lines = (partial + chunk).split(b"\n")
+        partial = lines.pop()
+        values = _parse_lines(lines, pipeline)
+        if values:
+            now = round(time.time(), 3)
+            await pipeline.add(values, [now] * len(values))
+    values = _parse_lines([partial], pipeline)
+    if values:
+        await pipeline.add(values, [round(time.time(), 3)] * len(values))
+    if pipeline.invalid:
+        log.warning("skipped %d input lines that are not finite non-negative numbers", pipeline.invalid)
+    await pipeline.finish()
+
+
+async def _listen(client: Any, pipeline: _Pipeline) -> None:
+    async for message in client.messages:
+        payload = message.payload if isinstance(message.payload, bytes | bytearray) else b""
+        await pipeline.control(bytes(payload))
+    msg = "message iteration ended"
+    raise _Disconnected(msg)
+
+
+async def _publish(client: Any, pipeline: _Pipeline, topic: str, qos: int) -> None:
+    while (report := await pipeline.next_report()) is not None:
+        await client.publish(topic, json.dumps(report, separators=(",", ":")), qos=qos)
+        await pipeline.published_one()
+
+
+class _Disconnected(Exception):
+    """The broker connection ended while listening for control messages."""
+
+
+class _ControlTimeout(Exception):
+    """No control message arrived in time."""
+
+
+async def _connection(options: DeviceOptions, pipeline: _Pipeline) -> None:
+    import aiomqtt  # the device needs an MQTT client only when it talks to a broker
+
+    control_topic = options.control_topic.replace("{stream}", options.stream)
+    report_topic = options.report_topic.replace("{stream}", options.stream)
+    identifier = options.client_id or f"tops-device-{options.stream}-{uuid.uuid4().hex[:8]}"
+    attempt = 0
+    while True:
+        try:
+            async with aiomqtt.Client(
+                options.host,
+                options.port,
+                username=options.username,
+                password=options.password,
+                identifier=identifier,
+                logger=log,
+            ) as client:
+                log.info("connected to %s:%d", options.host, options.port)
+                attempt = 0
+                await client.subscribe(control_topic, qos=1)
+                listener = asyncio.create_task(_listen(client, pipeline), name=f"tops-device[{options.stream}].control")
+                publisher = asyncio.create_task(
+                    _publish(client, pipeline, report_topic, options.qos), name=f"tops-device[{options.stream}].publish"
+                )
+                try:
+                    done, _ = await asyncio.wait({listener, publisher}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for task in (listener, publisher):
+                        task.cancel()
+                    await asyncio.gather(listener, publisher, return_exceptions=True)
+                for task in done:
+                    task.result()
+                log.info("input ended; %d reports published", pipeline.published)
+                return
+        except (aiomqtt.MqttError, _Disconnected) as exc:
+            attempt += 1
+            delay = min(30.0, 0.5 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0)
+            log.warning("MQTT connection failed or lost (%s); retrying in %.1f s", exc, delay)
+            await asyncio.sleep(delay)
+
+
+async def _watchdog(pipeline: _Pipeline, timeout: float) -> None:
+    try:
+        await asyncio.wait_for(pipeline.has_control.wait(), timeout)
+    except TimeoutError:
+        msg = f"no control message within {timeout:g} s"
+        raise _ControlTimeout(msg) from None
+
+
+async def run_device(options: DeviceOptions, device: Device | None = None) -> int:
+    """Run a device until its input ends and every report is published; returns the exit status."""
+    device = device or Device(options.stream)
+    pipeline = _Pipeline(device, options.buffer)
+    status = 0
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(_read_input(options.input, pipeline), name=f"tops-device[{options.stream}].input")
+            conn = tg.create_task(_connection(options, pipeline), name=f"tops-device[{options.stream}].mqtt")
+            if options.control_timeout:
+                dog = tg.create_task(_watchdog(pipeline, options.control_timeout), name="tops-device.watchdog")
+                await asyncio.wait({conn, dog}, return_when=asyncio.FIRST_COMPLETED)
+                if conn.done() and not dog.done():
+                    dog.cancel()
+    except* _ControlTimeout as group:
+        log.error("%s", group.exceptions[0])
+        status = 3
+    except* OSError as group:
+        exc = group.exceptions[0]
+        log.error("cannot read the input: %s", getattr(exc, "strerror", None) or type(exc).__name__)
+        status = 1
+    return status
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``tops device``."""
+    parser.add_argument("--host", required=True, help="MQTT broker host")
+    parser.add_argument("--port", type=int, default=1883, help="MQTT broker port (default 1883)")
+    parser.add_argument("--stream", required=True, help="the stream this device reports to")
+    parser.add_argument("--input", default="-", metavar="FILE|-", help="readings, one number a line (default stdin)")
+    parser.add_argument("--report-topic", default=DEFAULT_REPORT_TOPIC, help="default %(default)s")
+    parser.add_argument("--control-topic", default=DEFAULT_CONTROL_TOPIC, help="default %(default)s")
+    parser.add_argument("--username", help="MQTT user name")
+    parser.add_argument("--password-file", help="file whose first line is the MQTT password")
+    parser.add_argument("--qos", type=int, choices=(0, 1), default=0, help="QoS of the reports (default 0)")
+    parser.add_argument(
+        "--buffer", type=int, default=1000, metavar="N", help="readings held before a control message (default 1000)"
+    )
+    parser.add_argument(
+        "--control-timeout", type=float, default=None, metavar="S", help="give up (exit 3) without control after S s"
+    )
+    parser.add_argument("--client-id", help="MQTT client identifier (default: random)")
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+def main(args: argparse.Namespace) -> int:
+    """``tops device``: returns 0 when the input ended and all reports are published, 2 on bad options."""
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    password = None
+    if args.password_file:
+        try:
+            with open(args.password_file, encoding="utf-8") as f:
+                password = f.readline().strip()
+        except OSError as exc:
+            print(f"tops device: error: cannot read --password-file ({exc.strerror})", file=sys.stderr)
+            return 2
+    if args.buffer < 1:
+        print("tops device: error: --buffer must be at least 1", file=sys.stderr)
+        return 2
+    if not 0 < args.port < 65536:
+        print("tops device: error: --port must be in 1..65535", file=sys.stderr)
+        return 2
+    try:
+        Device(args.stream)
+    except ValueError as exc:
+        print(f"tops device: error: --stream: {exc}", file=sys.stderr)
+        return 2
+    if args.input != "-" and not os.path.exists(args.input):
+        print(f"tops device: error: --input {args.input} does not exist", file=sys.stderr)
+        return 2
+    options = DeviceOptions(
+        host=args.host,
+        port=args.port,
+        stream=args.stream,
+        input=args.input,
+        report_topic=args.report_topic,
+        control_topic=args.control_topic,
+        username=args.username,
+        password=password,
+        qos=args.qos,
+        buffer=args.buffer,
+        control_timeout=args.control_timeout,
+        client_id=args.client_id,
+    )
+    return asyncio.run(run_device(options))
