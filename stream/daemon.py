@@ -1,0 +1,460 @@
+"""``tops run``: the streaming daemon, readings in (MQTT or stdin), one private release per tick out.
+
+The lifecycle reads top to bottom in :meth:`Daemon.serve`: startup (key, metrics, streams), the loops under one
+TaskGroup (MQTT link, stdin intake, period clock, status, accounting), drain on SIGTERM/SIGINT or end of input
+(stop intake, process what was accepted, close open periods, publish), shutdown. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+from operators import ToPS
+from stream.config import STDIN_TEMPLATE, DaemonConfig, build_config, load_config
+from stream.errors import ConfigFileError, PayloadError, StreamCapError
+from stream.keys import KeyFileError, derive_stream_key, load_master_key
+from stream.metrics import Metrics
+from stream.payload import decode_line, decode_payload
+from stream.router import ReleaseBatch, Router, StreamRecord
+from stream.sinks import PublishQueue, StdoutSink, encode_releases, encode_status
+from stream.sources import MqttLink, StdinSource, TopicRouter
+from stream.ticking import PeriodClock
+
+__all__ = ["Daemon", "add_arguments", "main"]
+
+log = logging.getLogger("tops")
+
+HANDLED_SIGNALS = (
+    signal.SIGINT,  # Unix signal 2. Sent by Ctrl+C.
+    signal.SIGTERM,  # Unix signal 15. Sent by `kill <pid>` and systemd.
+)
+
+ACCOUNT_INTERVAL = 0.25  # seconds between pushes of local counters into the metrics
+
+
+class RateLimitedLog:
+    """Logs a rejection reason at most once per ``interval`` seconds, with the number suppressed meanwhile."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self.interval = interval
+        self.last: dict[str, float] = {}
+        self.suppressed: dict[str, int] = {}
+
+    def __call__(self, result: str, reason: str, where: str = "") -> None:
+        key = f"{result}:{reason}"
+        now = time.monotonic()
+        if now - self.last.get(key, -1e9) >= self.interval:
+            n = self.suppressed.pop(key, 0)
+            more = f" ({n} more like it since the last report)" if n else ""
+            log.warning("rejected %s (%s): %s%s", where or "input", result, reason, more)
+            self.last[key] = now
+        else:
+            self.suppressed[key] = self.suppressed.get(key, 0) + 1
+
+
+class Daemon:
+    """One running daemon. ``stdin``/``stdout``/``operator_factory`` can be replaced (tests)."""
+
+    def __init__(self, cfg: DaemonConfig, *, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None,
+                 operator_factory: Callable[[str], Any] | None = None, install_signals: bool = True) -> None:
+        self.cfg = cfg
+        self.stdin_stream = stdin if stdin is not None else sys.stdin.buffer
+        self.stdout = StdoutSink(stdout) if "stdout" in cfg.output.sinks else None
+        self.operator_factory = operator_factory
+        self.install_signals = install_signals
+        self.metrics = Metrics()
+        self.stopping = asyncio.Event()
+        self.rejected = RateLimitedLog()
+        self.msg_counts = dict.fromkeys(("ok", "invalid", "too_large", "invalid_topic", "stream_cap"), 0)
+        self.cap_readings = 0
+        self.stdout_written = 0
+        self.epsilon = cfg.template.epsilon
+        self.pubq: PublishQueue | None = None
+        self.link: MqttLink | None = None
+        self.stdin: StdinSource | None = None
+        self.stdin_done = asyncio.Event()
+        self._signals = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    async def serve(self) -> int:
+        """Run until a signal or the end of stdin; returns the exit code."""
+        self.startup()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                background = self.start_loops(tg)
+                await self.stopping.wait()
+                log.info("stopping: intake closed, finishing what was accepted")
+                await self.drain()
+                for task in background:
+                    task.cancel()
+        finally:
+            self.shutdown()
+        return 0
+
+    def startup(self) -> None:
+        cfg = self.cfg
+        if self.operator_factory is None:
+            master = load_master_key(cfg.streams.key_file, create=True)
+            template = cfg.template
+            self.operator_factory = lambda name: ToPS(template, derive_stream_key(master, name))
+        clock = None
+        if cfg.ticks.mode == "period":
+            clock = PeriodClock(cfg.ticks.period, cfg.ticks.lateness if cfg.ticks.clock == "event" else 0.0)
+        self.router = Router(self.operator_factory, cfg.streams.max_streams, clock=clock,
+                             aggregate=cfg.ticks.aggregate, event_time=cfg.ticks.clock == "event")
+        m = self.metrics
+        m.watch(m.streams_active, lambda: len(self.router.streams))
+        m.watch(m.streams_holdout, lambda: self.router.in_holdout)
+        if cfg.uses_mqtt:
+            self.pubq = PublishQueue(cfg.output.publish_queue)
+            mqtt_out = "mqtt" in cfg.output.sinks
+            self.link = MqttLink(
+                cfg.mqtt, topics=cfg.input.topics if cfg.input.source == "mqtt" else [], in_qos=cfg.input.qos,
+                out_qos=cfg.output.qos, pubq=self.pubq, metrics=m, on_messages=self.on_mqtt_messages,
+                max_batch=cfg.input.max_batch, inflight=cfg.output.inflight)
+            if cfg.input.source == "mqtt":
+                self.topics = TopicRouter(cfg.input.topics)
+                m.watch(m.incoming_queue, self.link.queue_depth)
+            pubq = self.pubq
+            m.watch(m.publish_queue, lambda: len(pubq))
+            self.mqtt_out = mqtt_out
+        else:
+            self.mqtt_out = False
+        if cfg.input.source == "stdin":
+            self.stdin = StdinSource(self.stdin_stream, max_line=cfg.input.max_payload_bytes)
+            stdin = self.stdin
+            m.watch(m.incoming_queue, lambda: stdin.queue.qsize())
+        m.serve(cfg.metrics.host, cfg.metrics.port)
+        if self.install_signals:
+            loop = asyncio.get_running_loop()
+            for sig in HANDLED_SIGNALS:
+                loop.add_signal_handler(sig, self.on_signal, sig)
+        log.info("started: input %s, sinks %s, ticks %s, metrics %s", cfg.input.source,
+                 ",".join(cfg.output.sinks), cfg.ticks.mode,
+                 f"{cfg.metrics.host}:{cfg.metrics.port}" if cfg.metrics.port else "off")
+
+    def start_loops(self, tg: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
+        """Start the long-lived tasks; returns the ones to cancel after the drain."""
+        background = [tg.create_task(self.account_loop(), name="tops.account")]
+        if self.link is not None:
+            self.link_task = tg.create_task(self.link.run(), name="tops.mqtt")
+        if self.stdin is not None:
+            self.stdin.start()
+            self.stdin_task = tg.create_task(self.stdin_loop(), name="tops.stdin")
+        else:
+            self.stdin_done.set()
+        if self.router.clock is not None:
+            background.append(tg.create_task(self.period_loop(), name="tops.periods"))
+        if self.mqtt_out and self.cfg.output.status_topic:
+            background.append(tg.create_task(self.status_loop(), name="tops.status"))
+        return background
+
+    async def drain(self) -> None:
+        """Stop intake, process everything accepted, close open periods, publish, within ``drain_timeout``."""
+        if self.stdin is not None:
+            self.stdin.stop()
+            if not self.stdin_done.is_set():
+                self.stdin_task.cancel()
+        if self.link is not None:
+            self.link.stop_intake()
+            await self.link.intake_done.wait()
+        await self.stdin_done.wait()
+        self.emit(self.router.flush())
+        self.emit(self.router.close_periods(time.time(), final=True))
+        self.publish_statuses(due_only=True)
+        if self.link is not None:
+            self.link.close()
+            try:
+                await asyncio.wait_for(asyncio.shield(self.link_task), self.cfg.output.drain_timeout)
+            except TimeoutError:
+                assert self.pubq is not None
+                log.error("shutdown: %d messages could not be published within drain_timeout",
+                          len(self.pubq) + len(self.link.inflight))
+                self.link_task.cancel()
+        self.account()
+
+    def shutdown(self) -> None:
+        if self.stdout is not None:
+            self.stdout.flush()
+        self.metrics.close()
+        log.info("stopped: %d streams", len(self.router.streams) if hasattr(self, "router") else 0)
+
+    def on_signal(self, sig: int) -> None:
+        """First signal: drain and exit 0. Second: exit now."""
+        self._signals += 1
+        if self._signals > 1:
+            log.error("second %s: exiting without draining", signal.Signals(sig).name)
+            os._exit(1)
+        log.info("%s received", signal.Signals(sig).name)
+        self.stopping.set()
+
+    # -- intake ----------------------------------------------------------------------------------------------
+    def stream_record(self, name: str) -> StreamRecord | None:
+        """The record of ``name`` (created on first sight), or None past the stream cap."""
+        rec = self.router.streams.get(name)
+        if rec is not None:
+            return rec
+        try:
+            rec = self.router.record(name)
+        except StreamCapError:
+            self.rejected("stream_cap", f"max_streams = {self.cfg.streams.max_streams} reached")
+            return None
+        rec.topic = self.cfg.output.topic.replace("{stream}", name)
+        if self.cfg.output.status_topic:
+            rec.status_topic = self.cfg.output.status_topic.replace("{stream}", name)
+        return rec
+
+    def on_mqtt_messages(self, messages: list[Any]) -> None:
+        """Decode, validate and route a batch of MQTT messages, then process and emit."""
+        now = time.time()
+        counts, router, add = self.msg_counts, self.router, self.router.add
+        limit, topic_stream, streams = self.cfg.input.max_payload_bytes, self.topics.stream, router.streams
+        for m in messages:
+            payload = m.payload
+            if not isinstance(payload, bytes | bytearray):
+                payload = b"" if payload is None else str(payload).encode()
+            if len(payload) > limit:
+                counts["too_large"] += 1
+                self.rejected("too_large", f"payload larger than max_payload_bytes = {limit}")
+                continue
+            name = topic_stream(m.topic.value)
+            if name is None:
+                counts["invalid_topic"] += 1
+                self.rejected("invalid_topic", "topic matches no input pattern or names no valid stream")
+                continue
+            try:
+                readings, bad = decode_payload(payload)
+            except PayloadError as exc:
+                counts["invalid"] += 1
+                self.rejected("invalid", exc.reason, f"message for stream {name!r}")
+                continue
+            if not readings:  # a batch without one valid element
+                counts["invalid"] += 1
+                self.rejected("invalid", "batch elements that are not finite numbers >= 0", f"message for {name!r}")
+                continue
+            rec = streams.get(name) or self.stream_record(name)
+            if rec is None:
+                counts["stream_cap"] += 1
+                self.cap_readings += len(readings)
+                continue
+            counts["ok"] += 1
+            if bad:
+                router.counts["invalid"] += bad
+                self.rejected("invalid", "batch elements that are not finite numbers >= 0",
+                              f"readings for stream {name!r}")
+            for _, value, ts, seq in readings:
+                add(rec, value, ts, seq, now)
+        self.step()
+
+    def on_lines(self, lines: list[bytes]) -> None:
+        """Decode, validate and route stdin lines (a line is one message), then process and emit."""
+        now = time.time()
+        counts, router, default = self.msg_counts, self.router, self.cfg.input.default_stream
+        for line in lines:
+            try:
+                readings, bad = decode_line(line)
+            except PayloadError as exc:
+                counts["invalid"] += 1
+                self.rejected("invalid", exc.reason, "stdin line")
+                continue
+            if not readings:
+                if bad:
+                    counts["invalid"] += 1
+                continue
+            counts["ok"] += 1
+            if bad:
+                router.counts["invalid"] += bad
+            for name, value, ts, seq in readings:
+                rec = self.stream_record(name or default)
+                if rec is None:
+                    self.cap_readings += 1
+                    continue
+                router.add(rec, value, ts, seq, now)
+        self.step()
+
+    async def stdin_loop(self) -> None:
+        assert self.stdin is not None
+        queue = self.stdin.queue
+        eof = False
+        try:
+            while not eof:
+                chunk = await queue.get()
+                while chunk is not None:
+                    self.on_lines(chunk)
+                    chunk = queue.get_nowait() if not queue.empty() else []
+                    if chunk == []:
+                        break
+                eof = chunk is None
+        except asyncio.CancelledError:
+            if not self.stopping.is_set():
+                raise
+            while not queue.empty():  # lines already read are processed
+                chunk = queue.get_nowait()
+                if chunk is not None:
+                    self.on_lines(chunk)
+        self.stdin_done.set()
+        if eof:
+            log.info("end of input")
+            self.stopping.set()
+
+    # -- processing and output ------------------------------------------------------------------------------
+    def step(self) -> None:
+        """Process the pending readings of every touched stream and emit the releases."""
+        self.emit(self.router.flush())
+
+    def emit(self, batches: list[ReleaseBatch]) -> None:
+        eps = self.epsilon
+        stdout, pubq = self.stdout, self.pubq if self.mqtt_out else None
+        retain, as_array = self.cfg.output.retain, self.cfg.output.batch
+        for b in batches:
+            lines = encode_releases(b, eps)
+            if stdout is not None:
+                self.stdout_written += stdout.write(lines)
+            if pubq is not None:
+                topic = b.record.topic
+                if as_array:
+                    pubq.put(topic, ("[" + ",".join(lines) + "]").encode(), retain, len(lines))
+                else:
+                    for line in lines:
+                        pubq.put(topic, line.encode(), retain, 1)
+        if stdout is not None and batches:
+            stdout.flush()
+        if self.router.status_now:
+            for rec in self.router.status_now:
+                log.info("stream %r: %s", rec.name, rec.phase)
+                self.publish_status(rec)
+            self.router.status_now.clear()
+
+    def publish_status(self, rec: StreamRecord) -> None:
+        rec.status_due = False
+        if self.mqtt_out and rec.status_topic and self.pubq is not None:
+            self.pubq.put(rec.status_topic, encode_status(rec), True, 0)
+
+    def publish_statuses(self, due_only: bool) -> None:
+        for rec in self.router.streams.values():
+            if rec.status_due or not due_only:
+                self.publish_status(rec)
+
+    async def period_loop(self) -> None:
+        clock = self.router.clock
+        assert clock is not None
+        while True:
+            now = time.time()
+            await asyncio.sleep(max(0.0, clock.next_close(now) - now) + 0.001)
+            self.emit(self.router.close_periods(time.time()))
+
+    async def status_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.output.status_interval)
+            self.publish_statuses(due_only=True)
+
+    async def account_loop(self) -> None:
+        while True:
+            await asyncio.sleep(ACCOUNT_INTERVAL)
+            self.account()
+
+    def account(self) -> None:
+        """Push the local counters into the metrics (cheap per message, batched per interval)."""
+        m = self.metrics
+        for result, n in self.msg_counts.items():
+            if n:
+                m.messages.labels(result).inc(n)
+                self.msg_counts[result] = 0
+        for result, n in self.router.take_counts().items():
+            if n:
+                m.readings.labels(result).inc(n)
+        if self.cap_readings:
+            m.readings.labels("stream_cap").inc(self.cap_readings)
+            self.cap_readings = 0
+        if self.router.ticks_processed:
+            m.ticks.inc(self.router.ticks_processed)
+            self.router.ticks_processed = 0
+        lat, self.router.latencies = self.router.latencies, []
+        for x in lat:
+            m.tick_latency.observe(x)
+        if self.stdout_written:
+            m.releases.labels("stdout").inc(self.stdout_written)
+            self.stdout_written = 0
+        if self.link is not None:
+            n = self.link.take_published()
+            if n:
+                m.releases.labels("mqtt").inc(n)
+        if self.pubq is not None:
+            n = self.pubq.take_dropped()
+            if n:
+                m.releases_dropped.inc(n)
+
+
+# -- command line ---------------------------------------------------------------------------------------------
+_TEMPLATE_FLAGS = {"epsilon": float, "bound": float, "holdout": int, "range": int, "fanout": int, "smoother": str,
+                   "resolution": float}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", metavar="TOML", help="configuration file (see deploy/CONFIG.md); "
+                        "without it: readings on stdin, JSONL releases on stdout")
+    for flag, kind in _TEMPLATE_FLAGS.items():
+        parser.add_argument(f"--{flag}", type=kind, default=None,
+                            help=f"override [streams.template] {'query_range' if flag == 'range' else flag}")
+    parser.add_argument("--key-file", help="override [streams] key_file")
+    parser.add_argument("--metrics-port", type=int, help="override [metrics] port (0: off)")
+    parser.add_argument("--check", action="store_true", help="check the configuration and exit")
+
+
+def config_from_args(args: argparse.Namespace) -> DaemonConfig:
+    overrides = {("query_range" if k == "range" else k): getattr(args, k) for k in _TEMPLATE_FLAGS
+                 if getattr(args, k, None) is not None}
+    if args.config:
+        cfg = load_config(args.config, overrides)
+    else:
+        doc: dict[str, Any] = {"metrics": {"port": 0}, "streams": {"template": dict(STDIN_TEMPLATE)}}
+        cfg = build_config(doc, None, overrides)
+    s, mt = dict(cfg.streams.values), dict(cfg.metrics.values)
+    if args.key_file:
+        s["key_file"] = args.key_file
+    if args.metrics_port is not None:
+        if not 0 <= args.metrics_port <= 65535:
+            raise ConfigFileError(["--metrics-port must be between 0 and 65535"])
+        mt["port"] = args.metrics_port
+    cfg.streams.values.update(s)
+    cfg.metrics.values.update(mt)
+    return cfg
+
+
+def describe_defaults(cfg: DaemonConfig) -> str:
+    """The one line printed when ``tops run`` starts without a configuration file."""
+    t = cfg.template
+    return (f"tops run: no --config: readings on stdin (a number, stream,value or JSON per line), JSONL releases on "
+            f"stdout; one reading = one tick; stream template epsilon={t.epsilon:g} bound={t.bound:g} "
+            f"holdout={t.holdout} query_range={t.query_range} fanout={t.fanout} smoother={t.smoother} "
+            f"resolution={t.resolution:g}; key file {cfg.streams.key_file}")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except ConfigFileError as exc:
+        for line in exc.problems:
+            print(f"tops run: {line}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"tops run: configuration {cfg.source_path or '(defaults)'} is valid", file=sys.stderr)
+        return 0
+    logging.basicConfig(level=cfg.log.level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not args.config:
+        print(describe_defaults(cfg), file=sys.stderr)
+    try:
+        return asyncio.run(Daemon(cfg).serve())
+    except KeyFileError as exc:
+        print(f"tops run: {exc}", file=sys.stderr)
+        return 2
+

@@ -1,0 +1,30 @@
+"""Errors of the streaming runtime: few, flat, each carrying what went wrong as attributes."""
+
+from __future__ import annotations
+
+__all__ = ["ConfigFileError", "PayloadError", "StreamCapError", "TopsRuntimeError"]
+
+
+class TopsRuntimeError(Exception):
+    """Base of the runtime's own errors."""
+
+
+class ConfigFileError(TopsRuntimeError):
+    """The daemon configuration is invalid; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class PayloadError(TopsRuntimeError):
+    """A payload or reading cannot be accepted; ``reason`` is a short label, never the raw value."""
+
+    def __init__(self, reason: str, result: str = "invalid") -> None:
+        self.reason = reason
+        self.result = result
+        super().__init__(reason)
+
+
+class StreamCapError(TopsRuntimeError):
+    """A new stream would exceed the configured ``max_streams``."""

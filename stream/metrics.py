@@ -1,0 +1,65 @@
+"""Operational Prometheus metrics: aggregated over streams, never a raw value, never a per-stream label."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = ["MESSAGE_RESULTS", "READING_RESULTS", "Metrics"]
+
+# Fixed label values: the label sets are bounded by construction.
+MESSAGE_RESULTS = ("ok", "invalid", "too_large", "invalid_topic", "stream_cap")
+READING_RESULTS = ("ok", "invalid", "late", "duplicate", "stream_cap")
+SINKS = ("mqtt", "stdout")
+
+# Time to turn one stream's batch of ticks into releases: tens of microseconds to a few hundred milliseconds.
+LATENCY_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1, 0.25, 1.0)
+
+
+class Metrics:
+    """All metrics of one daemon in their own registry (several daemons can live in one test process)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.messages = Counter("tops_messages", "Input messages by result.", ["result"], registry=r)
+        self.readings = Counter("tops_readings", "Input readings (elements of messages) by result.", ["result"],
+                                registry=r)
+        for res in MESSAGE_RESULTS:
+            self.messages.labels(res)
+        for res in READING_RESULTS:
+            self.readings.labels(res)
+        self.ticks = Counter("tops_ticks", "Ticks processed (holdout ticks included).", registry=r)
+        self.releases = Counter("tops_releases", "Releases written or confirmed by the broker, by sink.", ["sink"],
+                                registry=r)
+        for s in SINKS:
+            self.releases.labels(s)
+        self.releases_dropped = Counter("tops_releases_dropped", "Releases dropped because the publish queue "
+                                        "was full.", registry=r)
+        self.streams_active = Gauge("tops_streams_active", "Streams known to the daemon.", registry=r)
+        self.streams_holdout = Gauge("tops_streams_holdout", "Streams still in their holdout.", registry=r)
+        self.mqtt_connected = Gauge("tops_mqtt_connected", "1 while connected to the broker.", registry=r)
+        self.mqtt_reconnects = Counter("tops_mqtt_reconnects", "Successful reconnections after a lost or "
+                                       "failed connection.", registry=r)
+        self.incoming_queue = Gauge("tops_incoming_queue_depth", "Messages received and not yet processed.",
+                                    registry=r)
+        self.publish_queue = Gauge("tops_publish_queue_depth", "Messages waiting to be published.", registry=r)
+        self.tick_latency = Histogram("tops_tick_latency_seconds", "Time to turn one stream's batch of ticks "
+                                      "into releases.", buckets=LATENCY_BUCKETS, registry=r)
+        self._server: Any = None
+
+    def watch(self, gauge: Gauge, fn: Callable[[], float]) -> None:
+        """Read a gauge from ``fn`` at scrape time."""
+        gauge.set_function(fn)
+
+    def serve(self, host: str, port: int) -> None:
+        """Start the HTTP endpoint (a daemon thread); port 0 means off."""
+        if port:
+            self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,177 @@
+"""Decoding of readings: a number, a JSON object, a JSON array (a batch), or a stdin line (number, CSV, JSON).
+
+Decoding never echoes the raw payload: errors carry a short reason only. A reading's value must be a finite
+number >= 0 (booleans and strings are not numbers); ``ts`` is a finite number of seconds since the Unix epoch,
+``seq`` an integer >= 0.
+
+>>> decode_payload(b"12.5")
+([(None, 12.5, None, None)], 0)
+>>> decode_payload(b'{"value": 3, "ts": 1700000000.5, "seq": 7}')
+([(None, 3.0, 1700000000.5, 7)], 0)
+>>> decode_payload(b'[1, 2, -3, {"value": 4}]')
+([(None, 1.0, None, None), (None, 2.0, None, None), (None, 4.0, None, None)], 1)
+>>> decode_payload(b"nan")
+Traceback (most recent call last):
+...
+stream.errors.PayloadError: value is not a finite number >= 0
+>>> decode_line(b"meter-7,42")
+([('meter-7', 42.0, None, None)], 0)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from stream.errors import PayloadError
+
+__all__ = ["Reading", "check_stream_name", "decode_line", "decode_payload"]
+
+# (stream or None, value, ts or None, seq or None); a plain tuple keeps the per-message work small.
+Reading = tuple[str | None, float, float | None, int | None]
+
+_BAD_VALUE = "value is not a finite number >= 0"
+_MAX_NAME = 128
+_FORBIDDEN = frozenset("/+#")
+
+
+def check_stream_name(name: Any) -> str:
+    """A stream name usable in a topic level: 1-128 printable characters without ``/ + #``."""
+    if not isinstance(name, str) or not 0 < len(name) <= _MAX_NAME or not name.isprintable():
+        msg = "stream name must be 1-128 printable characters"
+        raise PayloadError(msg)
+    if _FORBIDDEN.intersection(name):
+        msg = "stream name must not contain '/', '+' or '#'"
+        raise PayloadError(msg)
+    return name
+
+
+def _value(x: Any) -> float:
+    if type(x) is float:
+        if math.isfinite(x) and x >= 0:
+            return x
+    elif type(x) is int and 0 <= x < 2**1023:
+        return float(x)
+    raise PayloadError(_BAD_VALUE)
+
+
+def _object(obj: dict[str, Any], with_stream: bool) -> Reading:
+    if "value" not in obj:
+        msg = "object has no 'value'"
+        raise PayloadError(msg)
+    value = _value(obj["value"])
+    ts = obj.get("ts")
+    if ts is not None:
+        if type(ts) not in (int, float) or not math.isfinite(ts):
+            msg = "'ts' is not a finite number"
+            raise PayloadError(msg)
+        ts = float(ts)
+    seq = obj.get("seq")
+    if seq is not None and (type(seq) is not int or seq < 0):
+        msg = "'seq' is not an integer >= 0"
+        raise PayloadError(msg)
+    stream = None
+    if with_stream and "stream" in obj:
+        stream = check_stream_name(obj["stream"])
+    return (stream, value, ts, seq)
+
+
+def _element(x: Any, with_stream: bool) -> Reading:
+    if type(x) is dict:
+        return _object(x, with_stream)
+    return (None, _value(x), None, None)
+
+
+def _decode_json(data: bytes | str, with_stream: bool) -> tuple[list[Reading], int]:
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        msg = "payload is not a number or valid JSON"
+        raise PayloadError(msg) from None
+    if type(doc) is list:
+        if not doc:
+            msg = "empty batch"
+            raise PayloadError(msg)
+        out: list[Reading] = []
+        bad = 0
+        for x in doc:
+            try:
+                out.append(_element(x, with_stream))
+            except PayloadError:
+                bad += 1
+        return out, bad
+    if type(doc) is dict:
+        return [_object(doc, with_stream)], 0
+    if type(doc) in (int, float):
+        return [(None, _value(doc), None, None)], 0
+    msg = "JSON payload is not a number, an object or an array"
+    raise PayloadError(msg)
+
+
+def decode_payload(data: bytes) -> tuple[list[Reading], int]:
+    """Readings of one MQTT payload and the number of invalid batch elements (a ``stream`` key is ignored).
+
+    Raises :class:`PayloadError` when nothing in the payload can be read.
+    """
+    try:
+        v = float(data)  # fast path: a plain number (float() accepts bytes)
+    except (ValueError, TypeError):
+        pass
+    else:
+        if math.isfinite(v) and v >= 0:
+            return [(None, v, None, None)], 0
+        raise PayloadError(_BAD_VALUE)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        msg = "payload is not UTF-8"
+        raise PayloadError(msg) from None
+    return _decode_json(text, with_stream=False)
+
+
+def decode_line(line: bytes) -> tuple[list[Reading], int]:
+    """Readings of one stdin line: a number, ``stream,value[,ts]`` CSV, or JSON (object or array).
+
+    JSON objects may carry ``"stream"``; readings without a stream name have ``None`` (the default stream).
+    """
+    line = line.strip()
+    if not line:
+        return [], 0
+    first = line[:1]
+    if first in (b"{", b"["):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            msg = "line is not UTF-8"
+            raise PayloadError(msg) from None
+        return _decode_json(text, with_stream=True)
+    if b"," in line:
+        parts = line.split(b",")
+        if len(parts) not in (2, 3):
+            msg = "CSV line is not stream,value[,ts]"
+            raise PayloadError(msg)
+        try:
+            name = parts[0].strip().decode("utf-8")
+        except UnicodeDecodeError:
+            msg = "stream name is not UTF-8"
+            raise PayloadError(msg) from None
+        name = check_stream_name(name)
+        try:
+            value = float(parts[1])
+        except ValueError:
+            raise PayloadError(_BAD_VALUE) from None
+        if not (math.isfinite(value) and value >= 0):
+            raise PayloadError(_BAD_VALUE)
+        ts = None
+        if len(parts) == 3 and parts[2].strip():
+            try:
+                ts = float(parts[2])
+            except ValueError:
+                ts = math.nan
+            if not math.isfinite(ts):
+                msg = "ts is not a finite number"
+                raise PayloadError(msg)
+        return [(name, value, ts, None)], 0
+    readings, bad = decode_payload(line)
+    return readings, bad

@@ -1,0 +1,201 @@
+"""Routing by stream name to per-stream operators, created on first sight from the template.
+
+Every stream has one :class:`StreamRecord`: its name, operator, last ``seq``, tick counter and what waits to be
+processed. It is the one place that holds a stream's state (what a checkpoint will save). ``flush`` processes
+each stream's pending ticks as one batch with ``operator.process`` (the same code as ``tops replay``) and hands
+the released ticks to ``emit``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stream.errors import StreamCapError
+from stream.ticking import PeriodBins, PeriodClock
+
+__all__ = ["ReleaseBatch", "Router", "StreamRecord"]
+
+log = logging.getLogger("tops.router")
+
+
+@dataclass(slots=True, eq=False)
+class StreamRecord:
+    """Everything the daemon knows about one stream (no secret: the key lives only inside the operator)."""
+
+    name: str
+    operator: Any
+    name_json: str
+    topic: str = ""  # output topic (set by the daemon)
+    status_topic: str = ""
+    last_seq: int | None = None
+    ticks: int = 0  # ticks processed so far, holdout included (= the next tick's number)
+    pending: list[float] = field(default_factory=list)
+    pending_ts: list[float] = field(default_factory=list)
+    bins: PeriodBins | None = None
+    phase: str = "holdout"
+    status_due: bool = True
+
+    def status(self) -> dict[str, Any]:
+        """The retained status message of this stream."""
+        op = self.operator
+        if op.phase == "holdout":
+            return {"stream": self.name, "phase": "holdout", "holdout_left": int(op.holdout_left)}
+        return {"stream": self.name, "phase": "releasing", "theta": float(op.theta)}
+
+
+@dataclass(slots=True)
+class ReleaseBatch:
+    """Released ticks of one stream from one processing step (parallel lists)."""
+
+    record: StreamRecord
+    ticks: list[int]
+    ts: list[float]
+    values: list[float]
+    theta: float
+
+
+class Router:
+    """Streams by name, created from ``factory(name)`` on first sight, at most ``max_streams`` of them."""
+
+    def __init__(self, factory: Callable[[str], Any], max_streams: int, *, clock: PeriodClock | None = None,
+                 aggregate: str = "sum", event_time: bool = False) -> None:
+        self.factory = factory
+        self.max_streams = max_streams
+        self.clock = clock  # None: one reading = one tick
+        self.count_events = aggregate == "count"
+        self.event_time = event_time
+        self.streams: dict[str, StreamRecord] = {}
+        self.dirty: dict[str, StreamRecord] = {}
+        self.in_holdout = 0
+        self.counts = {"ok": 0, "late": 0, "duplicate": 0, "invalid": 0}
+        self.ticks_processed = 0
+        self.latencies: list[float] = []
+        self.status_now: list[StreamRecord] = []  # new streams and phase changes: status goes out at once
+
+    def record(self, name: str) -> StreamRecord:
+        """The stream's record, created on first sight; :class:`StreamCapError` past the cap."""
+        rec = self.streams.get(name)
+        if rec is not None:
+            return rec
+        if len(self.streams) >= self.max_streams:
+            msg = f"stream cap of {self.max_streams} reached"
+            raise StreamCapError(msg)
+        op = self.factory(name)
+        rec = StreamRecord(name=name, operator=op, name_json=json.dumps(name), phase=op.phase)
+        if self.clock is not None:
+            rec.bins = PeriodBins(self.clock.last_closable(time.time()) + 1)
+        self.streams[name] = rec
+        if rec.phase == "holdout":
+            self.in_holdout += 1
+        self.status_now.append(rec)
+        return rec
+
+    def add(self, rec: StreamRecord, value: float, ts: float | None, seq: int | None, now: float) -> str:
+        """Accept one reading into its stream; returns the result label (ok, duplicate, late, invalid)."""
+        if seq is not None:
+            if rec.last_seq is not None and seq <= rec.last_seq:
+                self.counts["duplicate"] += 1
+                return "duplicate"
+        bins = rec.bins
+        if bins is None:
+            rec.pending.append(value)
+            rec.pending_ts.append(now if ts is None else ts)
+        else:
+            assert self.clock is not None
+            t = ts if (self.event_time and ts is not None) else now
+            k = self.clock.index(t)
+            if k > self.clock.index(now) + 1:
+                self.counts["invalid"] += 1
+                return "invalid"
+            if not bins.add(k, 1.0 if self.count_events else value):
+                self.counts["late"] += 1
+                return "late"
+        if seq is not None:
+            rec.last_seq = seq
+        self.counts["ok"] += 1
+        self.dirty[rec.name] = rec
+        return "ok"
+
+    def _process(self, rec: StreamRecord, values: list[float], ts: list[float]) -> ReleaseBatch | None:
+        try:
+            return self._process_batch(rec, values, ts)
+        except Exception as exc:  # an operator bug must not stop the other streams
+            log.error("stream %r: operator failed (%s); %d ticks not released", rec.name, type(exc).__name__,
+                      len(values))
+            return None
+
+    def _process_batch(self, rec: StreamRecord, values: list[float], ts: list[float]) -> ReleaseBatch | None:
+        t0 = time.perf_counter()
+        op = rec.operator
+        n = len(values)
+        if n == 1:
+            out = [op.process_one(values[0])]
+        else:
+            out = op.process(np.asarray(values, dtype=np.float64)).tolist()
+        first = rec.ticks
+        rec.ticks += n
+        self.ticks_processed += n
+        batch = None
+        if op.phase != "holdout":
+            idx = [i for i, v in enumerate(out) if v == v]  # not NaN
+            if idx:
+                batch = ReleaseBatch(rec, [first + i for i in idx], [ts[i] for i in idx], [out[i] for i in idx],
+                                     float(op.theta))
+        if op.phase != rec.phase:
+            rec.phase = op.phase
+            rec.status_due = False
+            self.in_holdout -= 1
+            self.status_now.append(rec)
+        elif rec.phase == "holdout":
+            rec.status_due = True
+        self.latencies.append(time.perf_counter() - t0)
+        return batch
+
+    def flush(self) -> list[ReleaseBatch]:
+        """Process the pending readings of every stream that has some (mode ``reading``)."""
+        out: list[ReleaseBatch] = []
+        if self.clock is not None:
+            self.dirty.clear()
+            return out
+        for rec in self.dirty.values():
+            if rec.pending:
+                values, ts = rec.pending, rec.pending_ts
+                rec.pending, rec.pending_ts = [], []
+                b = self._process(rec, values, ts)
+                if b is not None:
+                    out.append(b)
+        self.dirty.clear()
+        return out
+
+    def close_periods(self, now: float, final: bool = False) -> list[ReleaseBatch]:
+        """Close every period that is due at ``now`` (``final``: also the open ones, at shutdown)."""
+        out: list[ReleaseBatch] = []
+        clock = self.clock
+        if clock is None:
+            return out
+        last = clock.last_closable(now)
+        for rec in self.streams.values():
+            assert rec.bins is not None
+            # At shutdown the current (partial) period closes too, for every stream alike.
+            upto = max(clock.index(now), max(rec.bins.bins, default=last)) if final else last
+            first = rec.bins.first
+            values = rec.bins.close_through(upto)
+            if values:
+                ts = [clock.end(k) for k in range(first, first + len(values))]
+                b = self._process(rec, values, ts)
+                if b is not None:
+                    out.append(b)
+        return out
+
+    def take_counts(self) -> dict[str, int]:
+        """Reading results counted since the last call."""
+        c = self.counts
+        self.counts = {"ok": 0, "late": 0, "duplicate": 0, "invalid": 0}
+        return c

@@ -1,0 +1,314 @@
+"""Inputs: the MQTT link (one connection for input and output, reconnecting) and stdin lines.
+
+The MQTT link runs one connection at a time: subscribe, receive in batches (whatever the client's queue holds),
+publish from the bounded :class:`~stream.sinks.PublishQueue` with a window of unconfirmed messages. When the
+connection is lost, unconfirmed messages go back to the front of the queue, messages already received are
+still processed, and the link reconnects with capped exponential backoff and jitter, then subscribes again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import ssl
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import IO, Any
+
+import aiomqtt
+
+from stream.errors import PayloadError
+from stream.metrics import Metrics
+from stream.payload import check_stream_name
+from stream.sinks import PublishQueue
+
+__all__ = ["MqttLink", "StdinSource", "TopicRouter", "backoff_delay"]
+
+log = logging.getLogger("tops.mqtt")
+
+Message = tuple[str, bytes, bool, int]  # topic, payload, retain, releases carried
+
+
+def backoff_delay(attempt: int, low: float, high: float) -> float:
+    """Capped exponential backoff with jitter: ``min(high, low 2^attempt)`` scaled by U(0.5, 1).
+
+    >>> 0.5 <= backoff_delay(0, 1.0, 30.0) <= 1.0, backoff_delay(20, 1.0, 30.0) <= 30.0
+    (True, True)
+    """
+    return min(high, low * 2.0 ** min(attempt, 30)) * random.uniform(0.5, 1.0)
+
+
+class TopicRouter:
+    """Maps an input topic to its stream name through patterns whose single ``+`` level names the stream.
+
+    >>> r = TopicRouter(["meters/+/reading"])
+    >>> r.stream("meters/m-1/reading"), r.stream("meters/m-1/other")
+    ('m-1', None)
+    """
+
+    def __init__(self, patterns: list[str], cache_limit: int = 100_000) -> None:
+        self.patterns = []
+        for p in patterns:
+            levels = p.split("/")
+            self.patterns.append((len(levels), levels.index("+"), levels))
+        self.cache: dict[str, str | None] = {}
+        self.cache_limit = cache_limit
+
+    def stream(self, topic: str) -> str | None:
+        """The stream named by ``topic``, or None when it matches no pattern or names no valid stream."""
+        try:
+            return self.cache[topic]
+        except KeyError:
+            pass
+        name = None
+        levels = topic.split("/")
+        for n, plus, pat in self.patterns:
+            if len(levels) == n and all(a == b for i, (a, b) in enumerate(zip(levels, pat, strict=True))
+                                        if i != plus):
+                try:
+                    name = check_stream_name(levels[plus])
+                except PayloadError:
+                    name = None
+                break
+        if len(self.cache) >= self.cache_limit:
+            self.cache.clear()
+        self.cache[topic] = name
+        return name
+
+
+def _tls_context(settings: Any) -> ssl.SSLContext | None:
+    if not settings.tls:
+        return None
+    ctx = ssl.create_default_context(cafile=settings.ca_file or None)
+    if settings.cert_file:
+        ctx.load_cert_chain(settings.cert_file, settings.key_file)
+    if settings.tls_insecure:
+        ctx.check_hostname = False
+    return ctx
+
+
+class MqttLink:
+    """The broker connection of the daemon; ``run()`` is its one long-lived task."""
+
+    def __init__(self, settings: Any, *, topics: list[str], in_qos: int, out_qos: int, pubq: PublishQueue,
+                 metrics: Metrics, on_messages: Callable[[list[aiomqtt.Message]], None], max_batch: int,
+                 inflight: int) -> None:
+        self.settings = settings
+        self.topics = topics
+        self.in_qos = in_qos
+        self.out_qos = out_qos
+        self.pubq = pubq
+        self.metrics = metrics
+        self.on_messages = on_messages
+        self.max_batch = max_batch
+        self.window = inflight
+        self.queue: asyncio.Queue[aiomqtt.Message] | None = None
+        self.inflight: deque[tuple[Any, Message]] = deque()
+        self.published_releases = 0  # confirmed since the last take_published()
+        self.connected = asyncio.Event()
+        self.intake_done = asyncio.Event()
+        if not topics:
+            self.intake_done.set()
+        self._stop_intake = False
+        self._closing = False
+        self._receiver: asyncio.Task[None] | None = None
+
+    # -- control, called by the daemon ------------------------------------------------------------------
+    def stop_intake(self) -> None:
+        """Stop receiving: unsubscribe, process what was received, then set ``intake_done``."""
+        self._stop_intake = True
+        if self._receiver is not None and not self._receiver.done():
+            self._receiver.cancel()
+        elif not self.connected.is_set():
+            self.intake_done.set()
+
+    def close(self) -> None:
+        """Finish publishing what is queued, then disconnect (``run()`` returns)."""
+        self._closing = True
+        self.pubq.nonempty.set()
+
+    def queue_depth(self) -> int:
+        return self.queue.qsize() if self.queue is not None else 0
+
+    def take_published(self) -> int:
+        n, self.published_releases = self.published_releases, 0
+        return n
+
+    # -- the connection loop ----------------------------------------------------------------------------
+    def _client(self, queue: asyncio.Queue[aiomqtt.Message]) -> aiomqtt.Client:
+        s = self.settings
+        return aiomqtt.Client(
+            s.host, s.port, username=s.username or None, password=s.password or None,
+            identifier=s.client_id or None, keepalive=s.keepalive, timeout=s.timeout,
+            tls_context=_tls_context(s), tls_insecure=s.tls_insecure if s.tls else None,
+            queue_type=lambda maxsize=0: queue,  # type: ignore[arg-type,misc]  # keep a handle on the queue
+            max_inflight_messages=self.window, clean_session=True,
+        )
+
+    async def run(self) -> None:
+        """Connect, serve, and reconnect with backoff until ``close()`` has drained the publish queue."""
+        attempt = 0
+        ever_connected = False
+        while True:
+            queue: asyncio.Queue[aiomqtt.Message] = asyncio.Queue()
+            self.queue = queue
+            client = self._client(queue)
+            try:
+                async with client:
+                    if ever_connected:
+                        self.metrics.mqtt_reconnects.inc()
+                    ever_connected, attempt = True, 0
+                    self.connected.set()
+                    self.metrics.mqtt_connected.set(1)
+                    log.info("connected to %s:%s", self.settings.host, self.settings.port)
+                    await self._serve(client, queue)
+                    return
+            except* aiomqtt.MqttError as group:
+                reason = "; ".join(str(e) for e in group.exceptions)
+                delay = backoff_delay(attempt, self.settings.reconnect_min, self.settings.reconnect_max)
+                attempt += 1
+                log.warning("broker connection failed or lost (%s); retrying in %.1f s", reason, delay)
+            finally:
+                self.connected.clear()
+                self.metrics.mqtt_connected.set(0)
+                self._after_connection(queue)
+            if self._closing and not self.pubq.items and self.intake_done.is_set():
+                return
+            await asyncio.sleep(delay)
+
+    def _after_connection(self, queue: asyncio.Queue[aiomqtt.Message]) -> None:
+        """Put unconfirmed messages back and process what was received before the connection ended."""
+        pending = [item for info, item in self.inflight if not info.is_published()]
+        self.published_releases += sum(item[3] for info, item in self.inflight if info.is_published())
+        self.inflight.clear()
+        self.pubq.requeue(pending)
+        self._drain(queue)
+        if self._stop_intake:
+            self.intake_done.set()
+
+    def _drain(self, queue: asyncio.Queue[aiomqtt.Message]) -> None:
+        while not queue.empty():
+            batch = []
+            while not queue.empty() and len(batch) < self.max_batch:
+                batch.append(queue.get_nowait())
+            self.on_messages(batch)
+
+    async def _serve(self, client: aiomqtt.Client, queue: asyncio.Queue[aiomqtt.Message]) -> None:
+        async with asyncio.TaskGroup() as tg:
+            if self.topics and not self._stop_intake:
+                for t in self.topics:
+                    await client.subscribe(t, qos=self.in_qos)
+                self._receiver = tg.create_task(self._receive(client, queue), name="tops.mqtt.receive")
+            else:
+                self.intake_done.set()
+            tg.create_task(self._publish(client), name="tops.mqtt.publish")
+
+    async def _receive(self, client: aiomqtt.Client, queue: asyncio.Queue[aiomqtt.Message]) -> None:
+        messages = client.messages
+        batch: list[aiomqtt.Message] = []
+        try:
+            while not self._stop_intake:
+                batch = [await anext(messages)]
+                # The client reads one packet per event-loop pass: let a few more passes run while messages keep
+                # coming, so that a step processes a batch (no waiting when the input is idle).
+                for _ in range(64):
+                    while not queue.empty() and len(batch) < self.max_batch:
+                        batch.append(queue.get_nowait())
+                    if len(batch) >= self.max_batch:
+                        break
+                    await asyncio.sleep(0)
+                    if queue.empty():
+                        break
+                self.on_messages(batch)
+                batch = []
+        except asyncio.CancelledError:
+            if batch:  # taken from the queue: accepted, so processed whatever happens
+                self.on_messages(batch)
+            if not self._stop_intake:
+                raise
+        # Stopping: no new messages, then process what the broker had already delivered.
+        with contextlib.suppress(aiomqtt.MqttError):
+            for t in self.topics:
+                await client.unsubscribe(t)
+        self._drain(queue)
+        self.intake_done.set()
+
+    async def _publish(self, client: aiomqtt.Client) -> None:
+        paho = client._client  # private: publish without awaiting each confirmation (aiomqtt 2.x)
+        pubq, items, inflight, qos = self.pubq, self.pubq.items, self.inflight, self.out_qos
+        while True:
+            while items and len(inflight) < self.window:
+                item = items.popleft()
+                info = paho.publish(item[0], item[1], qos, item[2])
+                if info.rc != 0:
+                    items.appendleft(item)
+                    msg = f"publish refused (code {info.rc})"
+                    raise aiomqtt.MqttError(msg)
+                inflight.append((info, item))
+            while inflight and inflight[0][0].is_published():
+                self.published_releases += inflight.popleft()[1][3]
+            if inflight:
+                await asyncio.sleep(0.001)  # writes and acknowledgements arrive through the event loop
+                continue
+            if not items:
+                if self._closing and self.intake_done.is_set():
+                    return
+                pubq.nonempty.clear()
+                await pubq.nonempty.wait()
+
+
+class StdinSource:
+    """Lines of a binary stream read by a thread, handed to the event loop in chunks (with backpressure)."""
+
+    def __init__(self, stream: IO[bytes], chunk_bytes: int = 1 << 16, depth: int = 64,
+                 max_line: int = 1 << 20) -> None:
+        self.stream = stream
+        self.max_line = max_line
+        self.chunk_bytes = chunk_bytes
+        self.queue: asyncio.Queue[list[bytes] | None] = asyncio.Queue(maxsize=depth)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        threading.Thread(target=self._read, name="tops.stdin", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _put(self, item: list[bytes] | None) -> None:
+        assert self._loop is not None
+        fut = asyncio.run_coroutine_threadsafe(self.queue.put(item), self._loop)
+        with contextlib.suppress(Exception):
+            fut.result()
+
+    def _read(self) -> None:
+        read = getattr(self.stream, "read1", self.stream.read)  # read1: what is available, without waiting for more
+        rest, skipping = b"", False
+        try:
+            while not self._stopped.is_set():
+                data = read(self.chunk_bytes)
+                if not data:
+                    if rest:
+                        self._put([rest])
+                    break
+                if skipping:  # the rest of an overlong line
+                    cut = data.find(b"\n")
+                    if cut < 0:
+                        continue
+                    data, skipping = data[cut + 1:], False
+                lines = (rest + data).split(b"\n")
+                rest = lines.pop()
+                if len(rest) > self.max_line:
+                    lines.append(b"\xff")  # counted as one invalid line; its bytes are never decoded
+                    rest, skipping = b"", True
+                if lines:
+                    self._put(lines)
+        except (OSError, ValueError) as exc:
+            log.error("stdin: read failed (%s)", exc)
+        finally:
+            if self._loop is not None and not self._loop.is_closed():
+                self._put(None)

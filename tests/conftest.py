@@ -1,0 +1,285 @@
+"""Shared fixtures: a real Mosquitto broker on a free loopback port (open, or with the deploy/ users and ACLs)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+
+# Users of the ACL broker (passwords for tests only; deploy/mosquitto.passwd.example documents the procedure).
+ACL_USERS = {"tops": "daemon-secret", "device": "device-secret", "consumer": "consumer-secret"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    msg = f"mosquitto did not open port {port}"
+    raise TimeoutError(msg)
+
+
+@dataclass
+class Broker:
+    """A running Mosquitto; ``stop()``/``start()`` restart it on the same port."""
+
+    port: int
+    conf: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.conf.with_suffix(".log").open("ab")
+        self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=log, stderr=log)
+        try:
+            wait_port(self.port)
+        except TimeoutError:
+            self.stop()
+            msg = f"mosquitto did not start: {self.conf.with_suffix('.log').read_text()[-500:]}"
+            raise RuntimeError(msg) from None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+
+def _write_conf(tmp: Path, port: int, extra: str = "") -> Path:
+    conf = tmp / "mosquitto.conf"
+    # As root, mosquitto would switch to the `mosquitto` user, which cannot read files in pytest's tmp dirs.
+    user = "user root\n" if os.geteuid() == 0 else ""
+    conf.write_text(f"listener {port} 127.0.0.1\npersistence false\nmax_queued_messages 100000\n{user}{extra}")
+    return conf
+
+
+def _broker(tmp: Path, extra: str = "") -> Iterator[Broker]:
+    if not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed (.ci/run installs it)")
+    port = free_port()
+    b = Broker(port, _write_conf(tmp, port, extra))
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path) -> Iterator[Broker]:
+    """An anonymous broker on a free loopback port, persistence off."""
+    yield from _broker(tmp_path, "allow_anonymous true\n")
+
+
+@pytest.fixture
+def mosquitto_acl(tmp_path: Path) -> Iterator[Broker]:
+    """A broker with the users and ACL file of deploy/ (passwords made with ``mosquitto_passwd -b``)."""
+    passwd = tmp_path / "passwd"
+    passwd.touch(mode=0o600)
+    for user, password in ACL_USERS.items():
+        subprocess.run(["mosquitto_passwd", "-b", str(passwd), user, password], check=True,
+                       capture_output=True)
+    acl = tmp_path / "acl"
+    shutil.copy(DEPLOY / "mosquitto.acl", acl)
+    os.chmod(acl, 0o600)
+    yield from _broker(tmp_path, f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl}\n")
+
+
+# -- helpers for daemon tests ---------------------------------------------------------------------------------
+def scrape(port: int) -> dict[str, float]:
+    """Samples of the daemon's metrics endpoint as ``{"name{label=value}": value}`` (parsed by prometheus_client)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
+    """Poll ``predicate()`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            v = predicate()
+            if v:
+                return v
+        except Exception as exc:
+            last_exc = exc
+        time.sleep(interval)
+    msg = f"timed out waiting for {what} (last error: {last_exc})"
+    raise TimeoutError(msg)
+
+
+def write_toml(path: Path, doc: dict) -> Path:
+    """A tiny TOML writer for test configurations (tables of scalars and lists)."""
+    import json
+
+    def val(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str | list):
+            return json.dumps(v)
+        return repr(v)
+
+    lines: list[str] = []
+
+    def table(name: str, d: dict) -> None:
+        lines.append(f"[{name}]")
+        sub = []
+        for k, v in d.items():
+            if isinstance(v, dict):
+                sub.append((f"{name}.{k}", v))
+            else:
+                lines.append(f"{k} = {val(v)}")
+        for n, t in sub:
+            table(n, t)
+
+    for name, d in doc.items():
+        table(name, d)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class DaemonProcess:
+    """``tops run --config`` as a subprocess, stderr captured to a file."""
+
+    def __init__(self, config: Path, metrics_port: int, cwd: Path, stdout=subprocess.DEVNULL) -> None:
+        import sys
+
+        self.log = cwd / "daemon.log"
+        self.metrics_port = metrics_port
+        self._logf = self.log.open("wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "stream.cli", "run", "--config", str(config)],
+                                     stdout=stdout, stderr=self._logf, cwd=Path(__file__).resolve().parent.parent)
+
+    def metrics(self) -> dict[str, float]:
+        return scrape(self.metrics_port)
+
+    def wait_connected(self, timeout: float = 20.0) -> None:
+        wait_for(lambda: self.metrics().get("tops_mqtt_connected") == 1.0, timeout, what="daemon connected")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout)
+        self._logf.close()
+        return rc
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._logf.close()
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+class Subscriber:
+    """``mosquitto_sub -v`` in the background; ``lines`` collects ``(topic, payload)`` as they arrive."""
+
+    def __init__(self, port: int, topic: str, *, user: tuple[str, str] | None = None, qos: int = 1) -> None:
+        import threading
+
+        cmd = ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-t", topic, "-q", str(qos), "-v"]
+        if user:
+            cmd += ["-u", user[0], "-P", user[1]]
+        self.port, self.user = port, user
+        self.lines: list[tuple[str, str]] = []
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            topic, _, payload = raw.decode().rstrip("\n").partition(" ")
+            self.lines.append((topic, payload))
+
+    def wait_ready(self, probe_topic: str, user: tuple[str, str] | None = None) -> None:
+        """Publish probes on ``probe_topic`` until one arrives (the subscription is active)."""
+
+        before = sum(1 for t, _ in self.lines if t == probe_topic)
+
+        def seen() -> bool:
+            publish(self.port, probe_topic, ["probe"], user=user)
+            time.sleep(0.1)
+            return sum(1 for t, _ in self.lines if t == probe_topic) > before
+
+        wait_for(seen, 10, what="subscriber ready")
+
+    def payloads(self, prefix: str = "dp/") -> list[dict]:
+        import json
+
+        return [json.loads(p) for t, p in list(self.lines) if t.startswith(prefix) and p != "probe"]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(5)
+
+
+def publish(port: int, topic: str, lines: list[str] | list[bytes], *, qos: int = 1,
+            user: tuple[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    """``mosquitto_pub -l``: each line one message, in order."""
+    cmd = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(port), "-t", topic, "-q", str(qos), "-l"]
+    if user:
+        cmd += ["-u", user[0], "-P", user[1]]
+    data = b"".join((x if isinstance(x, bytes) else x.encode()) + b"\n" for x in lines)
+    return subprocess.run(cmd, input=data, capture_output=True, timeout=60, check=False)
+
+
+def publish_file(port: int, topic: str, path: Path, *, qos: int = 1) -> subprocess.CompletedProcess[bytes]:
+    """``mosquitto_pub -f``: the whole file as one message."""
+    cmd = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(port), "-t", topic, "-q", str(qos), "-f", str(path)]
+    return subprocess.run(cmd, capture_output=True, timeout=60, check=False)
+
+
+TEMPLATE = {"epsilon": 1.0, "bound": 100.0, "holdout": 50, "query_range": 256, "fanout": 4}
+
+
+def daemon_config(tmp: Path, port: int, metrics_port: int, **sections: dict) -> Path:
+    """A test configuration: MQTT in (meters/+/reading), MQTT out (dp/{stream}), small ToPS parameters."""
+    doc: dict = {
+        "mqtt": {"host": "127.0.0.1", "port": port, "reconnect_min": 0.1, "reconnect_max": 1.0},
+        "input": {"source": "mqtt", "topics": ["meters/+/reading"], "qos": 1},
+        "output": {"sinks": ["mqtt"], "topic": "dp/{stream}", "qos": 1, "status_interval": 0.5,
+                   "drain_timeout": 10.0},
+        "streams": {"key_file": str(tmp / "master.key"), "max_streams": 100, "template": dict(TEMPLATE)},
+        "metrics": {"port": metrics_port},
+        "log": {"level": "info"},
+    }
+    for name, d in sections.items():
+        for k, v in d.items():
+            if isinstance(v, dict) and isinstance(doc.get(name, {}).get(k), dict):
+                doc[name][k].update(v)
+            else:
+                doc.setdefault(name, {})[k] = v
+    return write_toml(tmp / "tops.toml", doc)

@@ -1,0 +1,139 @@
+"""Faults through a real Mosquitto: bad inputs are rejected and counted, a broker restart loses nothing accepted."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import DaemonProcess, Subscriber, daemon_config, free_port, publish, publish_file, wait_for
+from tests.test_daemon_e2e import check_against_replay
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+
+def test_bad_inputs_rejected_counted_and_other_streams_go_on(mosquitto, tmp_path: Path) -> None:
+    """Garbage, 10 MB, NaN, negative, wrong JSON types, bad topic, stream cap, duplicate seq: counted, no crash."""
+    mport = free_port()
+    cfg = daemon_config(tmp_path, mosquitto.port, mport, streams={"max_streams": 3})
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    sub = Subscriber(mosquitto.port, "dp/+")
+    port = mosquitto.port
+    try:
+        daemon.wait_connected()
+        sub.wait_ready("dp/probe")
+        good = np.arange(60, dtype=float) % 40
+        publish(port, "meters/good/reading", [f"{v:g}" for v in good[:30]])
+        garbage = tmp_path / "garbage.bin"
+        garbage.write_bytes(b"\xff\xfe SECRET-GARBAGE-4242 " + np.random.default_rng(1).bytes(200))
+        big = tmp_path / "big.bin"
+        big.write_bytes(b"7" * (10 * 1024 * 1024))  # parses as a number: only the size limit rejects it
+        assert publish_file(port, "meters/s2/reading", garbage).returncode == 0
+        assert publish_file(port, "meters/s2/reading", big).returncode == 0
+        wrong_types = ['{"value": "12"}', '{"value": true}', '{"value": [1]}', '{"v": 1}', '"12"', "null",
+                       '{"value": 5, "seq": "x"}', '{"value": 5, "ts": "now"}']
+        not_finite = ["nan", "NaN", '{"value": NaN}', "inf"]
+        negative = ["-987654.321", '{"value": -987654.321}']
+        publish(port, "meters/s2/reading", wrong_types + not_finite + negative)
+        publish(port, "meters/s2/reading", ['[1, -987654.321, "x", 2]'])  # batch: 2 accepted, 2 invalid
+        publish(port, "meters/s2/reading", ['{"value": 3, "seq": 5}', '{"value": 3, "seq": 5}'])  # duplicate
+        publish(port, "meters//reading", ["5"])  # empty stream level
+        publish(port, "meters/s3/reading", ["5"])
+        publish(port, "meters/s4/reading", ["5", "6"])  # past max_streams = 3
+        publish(port, "meters/good/reading", [f"{v:g}" for v in good[30:]])
+
+        wait_for(lambda: len([p for p in sub.payloads() if p.get("stream") == "good"]) >= 10, 20,
+                 what="good stream releases")
+
+        def counted() -> dict[str, float] | None:
+            m = daemon.metrics()
+            return m if m["tops_readings_total{result=ok}"] >= 64 else None
+
+        m = wait_for(counted, 10, what="counters")
+        assert m["tops_messages_total{result=invalid}"] == 1 + len(wrong_types) + len(not_finite) + len(negative)
+        assert m["tops_messages_total{result=too_large}"] == 1
+        assert m["tops_messages_total{result=invalid_topic}"] == 1
+        assert m["tops_messages_total{result=stream_cap}"] == 2
+        assert m["tops_readings_total{result=invalid}"] == 2
+        assert m["tops_readings_total{result=duplicate}"] == 1
+        assert m["tops_readings_total{result=stream_cap}"] == 2
+        assert m["tops_readings_total{result=ok}"] == 60 + 2 + 1 + 1
+        assert m["tops_streams_active"] == 3
+        assert daemon.proc.poll() is None
+        assert check_against_replay(sub.payloads(), good, tmp_path / "master.key", "good", tmp_path) == 10
+        assert daemon.stop() == 0
+    finally:
+        sub.close()
+        daemon.kill()
+    log = daemon.stderr()
+    assert "Traceback" not in log
+    assert "rejected" in log
+    assert "987654" not in log and "SECRET-GARBAGE" not in log and "7777" not in log
+    assert "s4" not in {p.get("stream") for p in sub.payloads()}
+
+
+def test_broker_restart_reconnects_and_releases_everything_accepted(mosquitto, tmp_path: Path) -> None:
+    """Readings before and after a broker restart are all released (QoS 1), equal to replay across the gap."""
+    mport = free_port()
+    cfg = daemon_config(tmp_path, mosquitto.port, mport)
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    sub = Subscriber(mosquitto.port, "dp/+")
+    rng = np.random.default_rng(3)
+    values = {s: rng.integers(0, 90, size=200).astype(float) for s in ("a", "b")}
+    try:
+        daemon.wait_connected()
+        sub.wait_ready("dp/probe")
+        for s, v in values.items():
+            publish(mosquitto.port, f"meters/{s}/reading", [f"{x:g}" for x in v[:100]])
+        wait_for(lambda: len([p for p in sub.payloads() if "tick" in p]) >= 100, 20, what="first half")
+        mosquitto.stop()
+        wait_for(lambda: daemon.metrics()["tops_mqtt_connected"] == 0, 10, what="daemon disconnected")
+        mosquitto.start()
+        wait_for(lambda: daemon.metrics()["tops_mqtt_reconnects_total"] >= 1
+                 and daemon.metrics()["tops_mqtt_connected"] == 1, 20, what="daemon reconnected")
+        before = sub.lines
+        sub.close()  # mosquitto_sub does not come back by itself: a new consumer, same history
+        sub = Subscriber(mosquitto.port, "dp/+")
+        sub.lines[:0] = before
+        sub.wait_ready("dp/probe")
+        for s, v in values.items():
+            publish(mosquitto.port, f"meters/{s}/reading", [f"{x:g}" for x in v[100:]])
+        wait_for(lambda: len({(p["stream"], p["tick"]) for p in sub.payloads() if "tick" in p}) >= 300, 20,
+                 what="all releases")
+        for s, v in values.items():
+            assert check_against_replay(sub.payloads(), v, tmp_path / "master.key", s, tmp_path) == 150
+        assert daemon.metrics()["tops_readings_total{result=ok}"] == 400
+        assert daemon.stop() == 0
+    finally:
+        sub.close()
+        daemon.kill()
+    assert "retrying in" in daemon.stderr()
+
+
+def test_period_releases_made_while_disconnected_go_out_on_reconnect(mosquitto, tmp_path: Path) -> None:
+    """Wall-clock periods release on schedule while the broker is down; queued releases are published after."""
+    mport = free_port()
+    cfg = daemon_config(tmp_path, mosquitto.port, mport, ticks={"mode": "period", "period": 0.1},
+                        streams={"template": {"theta": 50.0}}, output={"sinks": ["mqtt", "stdout"]})
+    daemon = DaemonProcess(cfg, mport, tmp_path, stdout=(tmp_path / "out.jsonl").open("wb"))
+    try:
+        daemon.wait_connected()
+        publish(mosquitto.port, "meters/p/reading", ["3", "4"])
+        wait_for(lambda: daemon.metrics()["tops_releases_total{sink=mqtt}"] >= 3, 10, what="first periods")
+        mosquitto.stop()
+        wait_for(lambda: daemon.metrics()["tops_publish_queue_depth"] >= 5, 10, what="releases queued")
+        mosquitto.start()
+        wait_for(lambda: daemon.metrics()["tops_mqtt_connected"] == 1, 20, what="reconnected")
+        wait_for(lambda: daemon.metrics()["tops_publish_queue_depth"] == 0, 10, what="queue drained")
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    ticks = [r["tick"] for r in out]
+    assert ticks == list(range(len(ticks))) and len(ticks) >= 8  # every period released, empty ones too
+    assert all(r["ts"] == pytest.approx(round(r["ts"] / 0.1) * 0.1) for r in out)  # period ends
+    assert sum(1 for r in out) >= 8
+    assert os.path.getsize(tmp_path / "out.jsonl") > 0

@@ -1,0 +1,286 @@
+"""Unit tests of the runtime parts: configuration checks, payload decoding, period ticks, routing, queues."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stream import daemon as daemon_mod
+from stream.config import build_config
+from stream.errors import ConfigFileError, PayloadError, StreamCapError
+from stream.payload import decode_line, decode_payload
+from stream.router import Router
+from stream.sinks import PublishQueue
+from stream.sources import TopicRouter, backoff_delay
+from stream.ticking import PeriodBins, PeriodClock
+
+TPL = {"epsilon": 1.0, "bound": 100.0}
+
+
+class FakeOperator:
+    """Holds out ``holdout`` ticks, then releases value + 0.5 (deterministic; tests of the runtime only)."""
+
+    def __init__(self, holdout: int = 2) -> None:
+        self.holdout, self.ticks, self.theta = holdout, 0, None
+        self.seen: list[float] = []
+
+    @property
+    def phase(self) -> str:
+        return "holdout" if self.theta is None else "releasing"
+
+    @property
+    def holdout_left(self) -> int:
+        return max(0, self.holdout - self.ticks)
+
+    def process(self, values: np.ndarray) -> np.ndarray:
+        return np.array([self.process_one(float(v)) for v in values])
+
+    def process_one(self, v: float) -> float:
+        self.seen.append(v)
+        self.ticks += 1
+        if self.ticks <= self.holdout:
+            if self.ticks == self.holdout:
+                self.theta = 10.0
+            return math.nan
+        return v + 0.5
+
+
+# -- configuration -------------------------------------------------------------------------------------------
+BAD_CONFIGS = [
+    ({"mqtt": {"port": 0}}, "[mqtt] port must be an integer >= 1 and <= 65535 (got 0)"),
+    ({"mqtt": {"hots": "x"}}, "[mqtt] unknown key 'hots'"),
+    ({"input": {"source": "kafka"}}, "[input] source must be one of stdin, mqtt (got 'kafka')"),
+    ({"input": {"source": "mqtt", "topics": ["meters/#"]}}, "[input] topics: pattern 'meters/#' must have"),
+    ({"input": {"qos": 2}}, "[input] qos must be an integer >= 0 and <= 1 (got 2)"),
+    ({"output": {"topic": "dp/all"}}, "[output] topic must contain '{stream}'"),
+    ({"output": {"sinks": ["kafka"]}}, "[output] sinks must be a list of mqtt, stdout"),
+    ({"ticks": {"mode": "hourly"}}, "[ticks] mode must be one of reading, period (got 'hourly')"),
+    ({"ticks": {"period": -1}}, "[ticks] period must be a number >= 0.01 (got -1)"),
+    ({"streams": {"max_streams": "many"}}, "[streams] max_streams must be an integer >= 1 (got 'many')"),
+    ({"metrics": {"port": 70000}}, "[metrics] port must be an integer >= 0 and <= 65535 (got 70000)"),
+    ({"log": {"level": "loud"}}, "[log] level must be one of debug, info, warning, error (got 'loud')"),
+    ({"streams": {"template": {"epsilon": 0, "bound": 5}}}, "[streams.template] epsilon must be a positive"),
+    ({"streams": {"template": {"epsilon": 1, "bound": 5, "fanout": 1}}}, "[streams.template] fanout must be"),
+    ({"streams": {"template": {"epsilon": 1, "bound": 5, "smoothr": "x"}}}, "[streams.template] unknown key"),
+    ({"streams": {"template": {"bound": 5}}}, "[streams.template] epsilon required"),
+    ({"nonsense": {}}, "unknown section [nonsense]"),
+    ({"mqtt": {"tls": "yes"}}, "[mqtt] tls must be true or false (got 'yes')"),
+    ({"mqtt": {"password_file": "/nonexistent/pw"}}, "[mqtt] password_file '/nonexistent/pw' cannot be read"),
+]
+
+
+@pytest.mark.parametrize(("doc", "line"), BAD_CONFIGS)
+def test_each_bad_key_gives_one_clear_line(doc: dict, line: str) -> None:
+    """One problem, one line that names the key and what is allowed."""
+    doc = {k: dict(v) for k, v in doc.items()}
+    doc.setdefault("streams", {}).setdefault("template", dict(TPL))
+    with pytest.raises(ConfigFileError) as exc:
+        build_config(doc)
+    assert len(exc.value.problems) == 1, exc.value.problems
+    assert exc.value.problems[0].startswith(line), exc.value.problems[0]
+    assert "\n" not in exc.value.problems[0]
+
+
+def test_all_problems_reported_and_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tops run --config` prints one line per problem and exits 2."""
+    bad = tmp_path / "tops.toml"
+    bad.write_text('[mqtt]\nport = "x"\n[ticks]\nmode = "hourly"\n[streams.template]\nepsilon = -1\nbound = 5\n')
+    from stream.cli import main
+
+    assert main(["run", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(x.startswith("tops run: [") for x in err), err
+    assert main(["run", "--config", str(tmp_path / "missing.toml")]) == 2
+    (tmp_path / "broken.toml").write_text("[mqtt\n")
+    assert main(["run", "--config", str(tmp_path / "broken.toml")]) == 2
+    assert "not valid TOML" in capsys.readouterr().err
+
+
+def test_deploy_example_config_is_valid(tmp_path: Path) -> None:
+    """deploy/tops.toml passes the checks (with its password file present)."""
+    import tomllib
+
+    doc = tomllib.loads((Path(__file__).parent.parent / "deploy" / "tops.toml").read_text())
+    pw = tmp_path / "pw"
+    pw.write_text("secret\n")
+    doc["mqtt"]["password_file"] = str(pw)
+    cfg = build_config(doc)
+    assert cfg.input.source == "mqtt" and cfg.ticks.mode == "period" and cfg.mqtt.password == "secret"  # noqa: S105 - a test value
+
+
+def test_config_doc_covers_every_key() -> None:
+    """deploy/CONFIG.md documents every key of the schema and of the stream template."""
+    from stream.config import SCHEMA, TEMPLATE_DOCS
+
+    text = (Path(__file__).parent.parent / "deploy" / "CONFIG.md").read_text()
+    for section, fields in SCHEMA.items():
+        assert f"[{section}]" in text
+        for key in fields:
+            assert f"`{key}`" in text, (section, key)
+    for key in TEMPLATE_DOCS:
+        assert f"`{key}`" in text, key
+
+
+# -- payloads ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("payload", [b"12", b" 12.5\n", b"0", b'{"value": 12}', b"1e3"])
+def test_payload_numbers(payload: bytes) -> None:
+    readings, bad = decode_payload(payload)
+    assert bad == 0 and len(readings) == 1 and readings[0][1] >= 0
+
+
+@pytest.mark.parametrize("payload", [b"nan", b"-1", b"inf", b"\xff\xfe", b"", b"{", b'{"value": "1"}',
+                                     b'{"value": true}', b'{"value": null}', b"[]", b'"5"', b"null",
+                                     b'{"value": 1, "seq": -1}', b'{"value": 1, "seq": 1.5}',
+                                     b'{"value": 1, "ts": "x"}', b'{"value": 1e400}', b"[" * 100000])
+def test_payload_rejected_without_echo(payload: bytes) -> None:
+    with pytest.raises(PayloadError) as exc:
+        decode_payload(payload)
+    shown = payload.decode(errors="ignore").strip()[:5]
+    assert not shown or shown not in str(exc.value)  # the message never echoes the payload
+
+
+def test_payload_batch_partial() -> None:
+    readings, bad = decode_payload(b'[1, {"value": 2, "seq": 3, "ts": 5}, -1, "x", {"value": false}]')
+    assert readings == [(None, 1.0, None, None), (None, 2.0, 5.0, 3)] and bad == 3
+
+
+def test_stdin_lines() -> None:
+    assert decode_line(b"7\n") == ([(None, 7.0, None, None)], 0)
+    assert decode_line(b"m1,7,100.5") == ([("m1", 7.0, 100.5, None)], 0)
+    assert decode_line(b'{"stream": "m2", "value": 1, "seq": 0}') == ([("m2", 1.0, None, 0)], 0)
+    assert decode_line(b"") == ([], 0)
+    for bad in (b"a/b,1", b"m,-1", b"m,x", b"a,b,c,d", b'{"stream": "a+b", "value": 1}', b'{"stream": 5, "value": 1}'):
+        with pytest.raises(PayloadError):
+            decode_line(bad)
+
+
+def test_topic_router() -> None:
+    r = TopicRouter(["meters/+/reading", "site/x/+"])
+    assert r.stream("meters/m1/reading") == "m1" and r.stream("site/x/y") == "y"
+    assert r.stream("meters//reading") is None and r.stream("meters/a/b/reading") is None
+    assert r.stream("other/m1/reading") is None
+
+
+# -- ticks and routing ---------------------------------------------------------------------------------------
+def test_period_clock_and_bins() -> None:
+    c = PeriodClock(60.0, lateness=5.0)
+    assert c.index(119.9) == 1 and c.end(1) == 120.0
+    assert c.last_closable(124.9) == 0 and c.last_closable(125.0) == 1
+    assert c.next_close(100.0) == 125.0
+    b = PeriodBins(first=3)
+    assert b.add(3, 1.0) and b.add(5, 2.0) and not b.add(2, 1.0)
+    assert b.close_through(6) == [1.0, 0.0, 2.0, 0.0] and b.first == 7
+
+
+def test_router_periods_release_empty_periods_and_drop_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Event-time periods: every period releases (0 when empty), late events are counted and dropped."""
+    now = 1000.0
+    monkeypatch.setattr("stream.router.time.time", lambda: now)
+    ops: dict[str, FakeOperator] = {}
+
+    def factory(name: str) -> FakeOperator:
+        ops[name] = FakeOperator(holdout=0)
+        ops[name].theta = 10.0
+        return ops[name]
+
+    r = Router(factory, 10, clock=PeriodClock(10.0, lateness=2.0), aggregate="sum", event_time=True)
+    rec = r.record("s")
+    assert rec.bins is not None and rec.bins.first == 99  # period 99 = [990, 1000) is still open (lateness)
+    assert r.add(rec, 4.0, 995.0, None, now) == "ok"
+    assert r.add(rec, 1.0, 1001.0, None, now) == "ok"
+    assert r.add(rec, 2.0, 1005.0, None, now) == "ok"
+    assert r.add(rec, 9.0, 985.0, None, now) == "late"
+    assert r.add(rec, 9.0, 1500.0, None, now) == "invalid"  # far in the future
+    batches = r.close_periods(1041.9)  # closes 99, 100, 101, 102 (103 closes at 1040 + lateness)
+    assert len(batches) == 1
+    assert ops["s"].seen == [4.0, 3.0, 0.0, 0.0]
+    assert batches[0].ticks == [0, 1, 2, 3] and batches[0].ts == [1000.0, 1010.0, 1020.0, 1030.0]
+    assert r.take_counts() == {"ok": 3, "late": 1, "duplicate": 0, "invalid": 1}
+    assert r.add(rec, 5.0, 1030.0, None, 1041.9) == "ok"  # period 103 = [1030, 1040) still open
+    assert r.close_periods(1042.0)[0].ticks == [4]
+    assert r.add(rec, 5.0, 1035.0, None, 1042.0) == "late"
+    final = r.close_periods(1043.0, final=True)  # shutdown: the current period 104 closes too
+    assert final[0].ticks == [5] and ops["s"].seen[-2:] == [5.0, 0.0]
+
+
+def test_router_count_aggregate_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("stream.router.time.time", lambda: 100.0)
+    op = FakeOperator(holdout=0)
+    op.theta = 5.0
+    r = Router(lambda _: op, 10, clock=PeriodClock(1.0), aggregate="count", event_time=False)
+    rec = r.record("c")
+    for v in (7.0, 8.0, 9.0):
+        r.add(rec, v, 5.0, None, 100.2)  # ts ignored on the wall clock
+    r.close_periods(102.0)
+    assert op.seen == [3.0, 0.0]
+
+
+def test_router_readings_seq_and_cap() -> None:
+    r = Router(lambda _: FakeOperator(holdout=2), max_streams=2)
+    a = r.record("a")
+    for i, v in enumerate([1.0, 2.0, 3.0, 4.0]):
+        assert r.add(a, v, 10.0 + i, i, 0.0) == "ok"
+    assert r.add(a, 9.0, None, 3, 0.0) == "duplicate"
+    batches = r.flush()
+    assert batches[0].ticks == [2, 3] and batches[0].values == [3.5, 4.5] and batches[0].ts == [12.0, 13.0]
+    assert a.ticks == 4 and a.last_seq == 3 and a.phase == "releasing" and r.in_holdout == 0
+    assert [x.name for x in r.status_now] == ["a", "a"]  # created, then releasing
+    r.record("b")
+    with pytest.raises(StreamCapError):
+        r.record("c")
+
+
+def test_publish_queue_bounded_drops_oldest() -> None:
+    async def go() -> PublishQueue:
+        q = PublishQueue(limit=3)
+        for i in range(5):
+            q.put("t", str(i).encode(), False, 1)
+        q.requeue([("t", b"x", False, 1)])
+        return q
+
+    q = asyncio.run(go())
+    assert [p for _, p, _, _ in q.items] == [b"x", b"2", b"3", b"4"] and q.take_dropped() == 2
+
+
+def test_backoff_is_capped_with_jitter() -> None:
+    delays = [backoff_delay(a, 0.5, 30.0) for a in range(40)]
+    assert all(0.25 <= d <= 30.0 for d in delays) and max(delays[10:]) > 14.0
+    assert delays[0] <= 0.5
+
+
+# -- the daemon in-process (stdin -> stdout) -----------------------------------------------------------------
+def test_daemon_stdin_to_stdout_with_fake_operator(tmp_path: Path) -> None:
+    """Mixed stdin lines: tick numbering per stream, bad lines counted, default stream, releases as JSONL."""
+    cfg = build_config({"metrics": {"port": 0}, "streams": {"key_file": str(tmp_path / "k"), "template": TPL}})
+    lines = b"\n".join([b"5", b"a,1", b"garbage", b"a,2", b'{"stream":"b","value":3}', b"6", b"a,-1", b"a,3",
+                        b"7", b'[{"stream":"b","value":4}, {"stream":"b","value":5}]', b"nan"]) + b"\n"
+    out = io.StringIO()
+    d = daemon_mod.Daemon(cfg, stdin=io.BytesIO(lines), stdout=out, operator_factory=lambda _: FakeOperator(2),
+                          install_signals=False)
+    assert asyncio.run(d.serve()) == 0
+    rel = [json.loads(x) for x in out.getvalue().splitlines()]
+    got = {(r["stream"], r["tick"]): r["value"] for r in rel}
+    assert got == {("default", 2): 7.5, ("a", 2): 3.5, ("b", 2): 5.5}
+    assert all(r["epsilon"] == 1.0 and r["theta"] == 10.0 for r in rel)
+    m = {s.name + str(s.labels): s.value for f in d.metrics.registry.collect() for s in f.samples}
+    assert m["tops_messages_total{'result': 'invalid'}"] == 3
+    assert m["tops_messages_total{'result': 'ok'}"] == 8
+    assert m["tops_readings_total{'result': 'ok'}"] == 9
+    assert m["tops_releases_total{'sink': 'stdout'}"] == 3
+    assert not (tmp_path / "k").exists()  # the fake operator needs no key
+
+
+def test_defaults_line_without_config() -> None:
+    import argparse
+
+    p = argparse.ArgumentParser()
+    daemon_mod.add_arguments(p)
+    cfg = daemon_mod.config_from_args(p.parse_args(["--bound", "300"]))
+    line = daemon_mod.describe_defaults(cfg)
+    assert "epsilon=1 bound=300 holdout=1000" in line and cfg.metrics.port == 0
