@@ -183,8 +183,32 @@ class ToPS:
         return out
 
     def process_one(self, value: float) -> float:
-        """One tick: its release, or NaN in the holdout."""
-        return float(self.process(np.array([value], dtype=np.float64))[0])
+        """One tick: its release, or NaN in the holdout.
+
+        A scalar fast path for the daemon; it does exactly what :meth:`process` does on a one-element array (a test
+        checks bit equality), and hands over to it whenever a leaf completes or the holdout ends.
+        """
+        cfg = self.config
+        v = float(value)
+        st = self._smoother
+        if self._hist is not None and self.holdout_left > 1:
+            if v > cfg.bound:
+                self.clamped += 1
+                v = cfg.bound
+            units = min(round(v / cfg.resolution), self._bound_units)
+            self._hist[int(np.searchsorted(self._candidates, units, side="left"))] += 1
+            self.ticks += 1
+            return math.nan
+        if st is not None and st.pos + 1 < st.leaf_ticks:
+            if v > cfg.bound:
+                self.clamped += 1
+                v = cfg.bound
+            units = min(round(v / cfg.resolution), self._bound_units, self.theta_units)
+            st.pos += 1
+            st.leaf_sum += units
+            self.ticks += 1
+            return st.pred * cfg.resolution if cfg.resolution != 1.0 else st.pred
+        return float(self.process(np.array([v], dtype=np.float64))[0])
 
     # -- checkpoints --------------------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
