@@ -25,6 +25,9 @@ from stream.keys import KeyFileError, derive_stream_key, load_master_key, parse_
 
 __all__ = ["add_arguments", "config_from_args", "key_from_args", "main", "replay"]
 
+# the names of operators.baselines.METHODS (kept here so that `tops replay --help` does not import them)
+METHOD_NAMES = ("tops", "pak", "nm-e", "s-pak", "s-p", "h2", "h16", "h16c", "flat", "counter", "zero")
+
 
 def add_privacy_arguments(p: argparse.ArgumentParser) -> None:
     """The stream parameters shared by replay and compare-style commands."""
@@ -55,6 +58,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_privacy_arguments(p)
     p.add_argument(
         "--mode", choices=("central", "local"), default="central", help="ToPS (central) or ToPL (local)"
+    )
+    p.add_argument(
+        "--method",
+        choices=METHOD_NAMES,
+        default="tops",
+        help="central mode: ToPS or a baseline of the paper (tops compare measures them; h2/h16/pak/nm-e answer "
+        "range queries from tree nodes, their per-tick release is the noisy leaf)",
     )
     p.add_argument("--key", help="the stream key, 64 hex digits (default: a fresh random key)")
     p.add_argument("--key-file", help="the daemon's master key file (with --stream)")
@@ -126,6 +136,12 @@ def main(args: argparse.Namespace) -> int:
             op = ToPL(cfg_l, key)
             releases = op.process(values)
             theta, s = op.theta, None
+        elif args.method != "tops":
+            from operators.baselines import make  # noqa: PLC0415 - loaded only when asked for
+
+            op = make(args.method, config_from_args(args), key)
+            releases = op.process(values)
+            theta, s = getattr(op, "theta", None), None
         else:
             cfg = config_from_args(args)
             releases, op = replay(values, cfg, key)

@@ -1,0 +1,342 @@
+"""``tops compare DATA``: several methods over a grid of eps on real data, the paper's protocol (Section 5).
+
+For every eps (or threshold eps) and repetition, each method runs over the stream with a key of that repetition
+(every repetition a different key), and answers the same ``--queries`` random range queries of length 1..min(r, n)
+over the released ticks (Eq. 9: MSE; and MAE). Writes ``NAME.csv`` (mean and standard deviation over the
+repetitions) and ``NAME.png`` (log-scale MSE against eps, like Figures 3, 5 and 7).
+
+Presets (``--figure``; explicit options override them):
+
+* ``3`` (Section 5.2): pak, nm-e, s-pak, tops; threshold eps = stream eps.
+* ``5`` (Section 5.3): h2, h16, h16c, tops, zero at a fixed theta = the 95th percentile of the first m ticks
+  (public for the experiment), on the ticks after them, against the truncated truth.
+* ``7`` (Section 5.4): tops (NM-E), s-pak, s-p, zero; stream eps fixed at 0.05, threshold eps varies. The paper
+  builds the hierarchy on the holdout values themselves; here it runs on the ticks after the holdout, as deployed.
+
+Keys are derived from ``--seed`` and the repetition (``sha256``), so a run is reproducible; query positions come from
+numpy's generator seeded the same way (they are not privacy noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from operators.baselines import LABELS, METHODS
+from operators.config import ConfigError, ToPSConfig
+from stream.inputs import InputError, read_stream
+from stream.progress import progress
+
+__all__ = ["FIGURES", "Result", "add_arguments", "extend", "main", "run_compare"]
+
+DEFAULT_EPS = (0.01, 0.02, 0.03, 0.05, 0.07, 0.1)
+
+FIGURES: dict[str, dict[str, Any]] = {
+    "3": {
+        "methods": ("pak", "nm-e", "s-pak", "tops"),
+        "title": "end to end (Figure 3)",
+    },
+    "5": {
+        "methods": ("h2", "h16", "h16c", "tops", "zero"),
+        "theta_percentile": 95.0,
+        "labels": {"tops": "Ĥ16c (ToPS)"},
+        "title": "stream phase at theta = p95 (Figure 5)",
+    },
+    "7": {
+        "methods": ("tops", "s-pak", "s-p", "zero"),
+        "eps": (0.05,),
+        "threshold_eps": DEFAULT_EPS,
+        "labels": {"tops": "NM-E (ToPS)"},
+        "title": "threshold phase, stream eps = 0.05 (Figure 7)",
+    },
+}
+_PAK_LIKE = ("pak", "s-pak", "s-p")
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        msg = f"expected comma-separated numbers (got {text!r})"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not vals or any(not math.isfinite(v) or v <= 0 for v in vals):
+        msg = f"expected positive numbers (got {text!r})"
+        raise argparse.ArgumentTypeError(msg)
+    return vals
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data", help="the stream: .npy (1-D), .csv or .jsonl")
+    p.add_argument("--figure", choices=sorted(FIGURES), help="a preset reproducing Figure 3, 5 or 7")
+    p.add_argument("--methods", help=f"comma-separated, of: {', '.join(METHODS)}")
+    p.add_argument("--eps", type=_floats, help="stream-phase eps grid (default 0.01,0.02,0.03,0.05,0.07,0.1)")
+    p.add_argument(
+        "--threshold-eps", type=_floats, help="threshold-phase eps: one value, or a grid when --eps is one value"
+    )
+    p.add_argument("--repetitions", type=int, default=5, help="runs per point, each with its own key (default 5)")
+    p.add_argument("--queries", type=int, default=200, help="random range queries per run (default 200)")
+    p.add_argument("--range", dest="query_range", type=int, default=1 << 20, help="r (default 2^20)")
+    p.add_argument("--holdout", type=int, default=65536, help="m (default 65536)")
+    p.add_argument("--bound", type=float, required=True, help="public upper bound B")
+    p.add_argument("--theta-percentile", type=float, help="fixed theta = this percentile of the first m ticks")
+    p.add_argument("--ticks", type=int, help="extend the data to this many ticks (appending it reversed)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the keys and query positions (default 0)")
+    p.add_argument("--out-dir", default=".", help="where NAME.csv and NAME.png go (default .)")
+    p.add_argument("--name", help="file name stem (default DATA-stem_figN or DATA-stem_compare)")
+    p.add_argument("--no-plot", action="store_true", help="write the CSV only")
+
+
+def extend(x: np.ndarray, n: int) -> np.ndarray:
+    """The stream extended to ``n`` ticks as the reference code does (append the reversed array without its first
+    element until long enough)."""
+    x = np.asarray(x, dtype=np.float64)
+    while x.size < n:
+        x = np.concatenate([x, x[::-1][1:]])
+    return x[:n]
+
+
+def repetition_key(seed: int, rep: int) -> bytes:
+    """The key of repetition ``rep`` (public: this is an experiment, not a deployment)."""
+    return hashlib.sha256(f"tops-compare/{seed}/{rep}".encode()).digest()
+
+
+@dataclass
+class Result:
+    """Errors of one method at one grid point over the repetitions."""
+
+    method: str
+    epsilon: float
+    threshold_epsilon: float
+    mse: list[float]
+    mae: list[float]
+    thetas: list[float]
+
+    def row(self, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        mse, mae = np.array(self.mse), np.array(self.mae)
+        th = [t for t in self.thetas if not math.isnan(t)]
+        return {
+            "method": self.method,
+            "label": _label(self.method, labels),
+            "epsilon": self.epsilon,
+            "threshold_epsilon": self.threshold_epsilon,
+            "repetitions": len(self.mse),
+            "theta_median": float(np.median(th)) if th else float("nan"),
+            "mse_mean": float(mse.mean()),
+            "mse_std": float(mse.std(ddof=1)) if mse.size > 1 else 0.0,
+            "mae_mean": float(mae.mean()),
+            "mae_std": float(mae.std(ddof=1)) if mae.size > 1 else 0.0,
+        }
+
+
+def _label(method: str, labels: dict[str, str] | None) -> str:
+    return (labels or {}).get(method) or LABELS.get(method, method)
+
+
+def _answers(op: Any, releases: np.ndarray, hold: int, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    if getattr(op, "answers_from_nodes", False):
+        return np.asarray(op.range_queries(starts, lengths), dtype=np.float64)
+    cum = np.concatenate([[0.0], np.cumsum(releases[hold:])])
+    return cum[starts + lengths] - cum[starts]
+
+
+def run_compare(
+    values: np.ndarray,
+    *,
+    methods: list[str],
+    grid: list[tuple[float, float]],
+    base: ToPSConfig,
+    repetitions: int,
+    queries: int,
+    seed: int,
+    truth: np.ndarray | None = None,
+    show_progress: bool | None = None,
+) -> list[Result]:
+    """Every method at every ``(eps, threshold_eps)`` of ``grid``, ``repetitions`` times; ``truth`` defaults to the
+    values (Figure 5 passes the truncated values)."""
+    values = np.asarray(values, dtype=np.float64)
+    truth = values if truth is None else np.asarray(truth, dtype=np.float64)
+    hold = base.holdout_ticks
+    n_eval = values.size - hold
+    if n_eval < 1:
+        msg = f"the stream ({values.size} ticks) is not longer than the holdout ({hold})"
+        raise InputError(msg)
+    ct = np.concatenate([[0.0], np.cumsum(truth[hold:])])
+    results = {(m, e, t): Result(m, e, t, [], [], []) for m in methods for e, t in grid}
+    jobs = [(rep, e, t) for rep in range(repetitions) for e, t in grid]
+    for rep, eps, thr in progress(jobs, len(jobs), "comparing", enabled=show_progress):
+        rng = np.random.default_rng([seed, rep])
+        lengths = rng.integers(1, min(base.query_range, n_eval) + 1, size=queries)
+        starts = (rng.random(queries) * (n_eval - lengths + 1)).astype(np.int64)
+        exact = ct[starts + lengths] - ct[starts]
+        cfg = base.replace(epsilon=eps, threshold_epsilon=thr)
+        key = repetition_key(seed, rep)
+        for name in methods:
+            kwargs = {"stream_length": values.size} if name in _PAK_LIKE else {}
+            op = METHODS[name](cfg, key, **kwargs)
+            releases = op.process(values)
+            err = _answers(op, releases, hold, starts, lengths) - exact
+            res = results[(name, eps, thr)]
+            res.mse.append(float(np.mean(err**2)))
+            res.mae.append(float(np.mean(np.abs(err))))
+            theta = getattr(op, "theta", None)
+            res.thetas.append(float("nan") if theta is None else float(theta))
+    return list(results.values())
+
+
+def write_csv(path: Path, results: list[Result], extra: dict[str, Any], labels: dict[str, str] | None = None) -> None:
+    rows = [{**extra, **r.row(labels)} for r in results]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def plot(
+    path: Path, results: list[Result], *, x_threshold: bool, title: str, labels: dict[str, str] | None = None
+) -> None:
+    """Log-scale MSE against eps (or threshold eps), one line per method, error bars = one standard deviation."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        msg = "plots need matplotlib: pip install 'tops[plot]' (or pass --no-plot)"
+        raise InputError(msg) from None
+    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    markers = "osD^vP*Xh<>"
+    methods = list(dict.fromkeys(r.method for r in results))
+    for k, name in enumerate(methods):
+        rs = sorted((r for r in results if r.method == name), key=lambda r: (r.threshold_epsilon, r.epsilon))
+        xs = [r.threshold_epsilon if x_threshold else r.epsilon for r in rs]
+        ys = [float(np.mean(r.mse)) for r in rs]
+        sd = [float(np.std(r.mse, ddof=1)) if len(r.mse) > 1 else 0.0 for r in rs]
+        low = [min(s, y * 0.999) for s, y in zip(sd, ys, strict=True)]
+        style = "--" if name == "zero" else "-"
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=[low, sd],
+            label=_label(name, labels),
+            marker=markers[k % len(markers)],
+            linestyle=style,
+            markersize=4,
+            capsize=2,
+            linewidth=1.2,
+        )
+    ax.set_yscale("log")
+    ax.set_xlabel("threshold-phase eps" if x_threshold else "eps")
+    ax.set_ylabel("MSE of range queries (Eq. 9)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _grid(eps: tuple[float, ...], thr: tuple[float, ...] | None) -> tuple[list[tuple[float, float]], bool]:
+    """The (eps, threshold eps) points and whether the x-axis is the threshold eps."""
+    if thr is None:
+        return [(e, e) for e in eps], False
+    if len(thr) == 1:
+        return [(e, thr[0]) for e in eps], False
+    if len(eps) == 1:
+        return [(eps[0], t) for t in thr], True
+    msg = "give a grid for --eps or for --threshold-eps, not both (Section 5.4 fixes one of them)"
+    raise InputError(msg)
+
+
+def main(args: argparse.Namespace) -> int:
+    preset = FIGURES.get(args.figure or "", {})
+    try:
+        methods = (
+            [m.strip() for m in args.methods.split(",")]
+            if args.methods
+            else list(preset.get("methods", ("tops", "pak", "h2", "h16", "h16c", "zero")))
+        )
+        unknown = [m for m in methods if m not in METHODS]
+        if unknown:
+            msg = f"unknown method {unknown[0]!r}; known: {', '.join(METHODS)}"
+            raise InputError(msg)
+        for name, v in (("--queries", args.queries), ("--repetitions", args.repetitions)):
+            if v < 1:
+                msg = f"{name} must be at least 1"
+                raise InputError(msg)
+        eps = args.eps or preset.get("eps", DEFAULT_EPS)
+        thr = args.threshold_eps or preset.get("threshold_eps")
+        if args.threshold_eps is None and args.eps is not None and "threshold_eps" in preset and len(eps) > 1:
+            thr = None  # an explicit --eps grid on the Figure 7 preset means: vary the stream eps
+        grid, x_threshold = _grid(tuple(eps), thr)
+        values = read_stream(args.data)
+        if args.ticks:
+            values = extend(values, args.ticks)
+        percentile = args.theta_percentile if args.theta_percentile is not None else preset.get("theta_percentile")
+        truth = None
+        theta = None
+        if percentile is not None:
+            if not 0 < percentile <= 100 or args.holdout < 1 or args.holdout >= values.size:
+                msg = "--theta-percentile needs 0 < P <= 100 and 1 <= --holdout < the stream length"
+                raise InputError(msg)
+            theta = max(float(np.percentile(values[: args.holdout], percentile)), 1.0)
+            theta = min(theta, args.bound)
+            values = values[args.holdout :]
+            truth = np.minimum(np.minimum(values, args.bound), theta)
+        base = ToPSConfig(
+            epsilon=grid[0][0], bound=args.bound, holdout=args.holdout, query_range=args.query_range, theta=theta
+        )
+        t0 = time.perf_counter()
+        results = run_compare(
+            values,
+            methods=methods,
+            grid=grid,
+            base=base,
+            repetitions=args.repetitions,
+            queries=args.queries,
+            seed=args.seed,
+            truth=truth,
+        )
+        out_dir = Path(args.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stem = args.name or f"{Path(args.data).stem}_{'fig' + args.figure if args.figure else 'compare'}"
+        extra = {
+            "data": Path(args.data).name,
+            "ticks": int(values.size),
+            "figure": args.figure or "",
+            "range": args.query_range,
+            "holdout": 0 if theta is not None else args.holdout,
+            "bound": args.bound,
+            "fixed_theta": "" if theta is None else theta,
+            "queries": args.queries,
+            "seed": args.seed,
+        }
+        labels = preset.get("labels")
+        write_csv(out_dir / f"{stem}.csv", results, extra, labels)
+        if not args.no_plot:
+            title = f"{Path(args.data).stem}: {preset.get('title', 'range-query MSE')}"
+            plot(out_dir / f"{stem}.png", results, x_threshold=x_threshold, title=title, labels=labels)
+    except (ConfigError, InputError) as exc:
+        print(f"tops compare: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"tops compare: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
+        return 2
+    elapsed = time.perf_counter() - t0
+    print(f"{len(methods)} methods x {len(grid)} points x {args.repetitions} repetitions, {elapsed:.1f} s")
+    header = "epsilon" if not x_threshold else "thr_eps"
+    print(f"{'method':<16}{header:>9}{'theta':>9}{'MSE':>13}{'MAE':>12}")
+    for r in results:
+        row = r.row(labels)
+        x = row["threshold_epsilon"] if x_threshold else row["epsilon"]
+        print(f"{row['label']:<16}{x:>9g}{row['theta_median']:>9g}{row['mse_mean']:>13.4g}{row['mae_mean']:>12.4g}")
+    print(f"wrote {out_dir / (stem + '.csv')}" + ("" if args.no_plot else f" and {out_dir / (stem + '.png')}"))
+    return 0

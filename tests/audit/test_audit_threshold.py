@@ -1,0 +1,89 @@
+"""Audit of the threshold selection NM-E (report-noisy-max with exponential noise, Eq. 5-6) on neighbouring holdouts.
+
+Holdout D0 has 98 zeros and two 2s, D1 moves one zero to 2 (B = 2, candidates theta = 1, 2). With m = 100, r = 4,
+b = 2, eps = 1 the Eq. 6 slope is 5, so ``q(2) - q(1) = -3`` on D0 and ``-2`` on D1: with Exp(1/eps) noise
+``P(theta = 2) = e^(-eps gap) / 2``, the ratio is exactly ``e^eps``. The event "theta = 2" is the extremal one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from operators import ToPS, ToPSConfig
+from operators.baselines import baseline_domain
+from operators.noise import KeyedGenerator
+from operators.threshold import candidate_grid, holdout_histogram, m_theta, report_noisy_max, scores
+from tests.audit._audit import audit_key, eps_lower_bound
+
+EPS = 1.0
+CFG = ToPSConfig(epsilon=EPS, bound=2, holdout=100, query_range=4, fanout=2)
+
+
+def _holdout(twos: int) -> np.ndarray:
+    x = np.zeros(CFG.holdout)
+    x[:twos] = 2.0
+    return x
+
+
+def _scores(holdout: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    cands = candidate_grid(CFG.bound, CFG.resolution)
+    q = scores(
+        m_theta(holdout_histogram(holdout.astype(np.int64), cands)),
+        cands.astype(float),
+        m=CFG.holdout,
+        epsilon=CFG.epsilon,
+        query_range=CFG.query_range,
+        fanout=CFG.fanout,
+    )
+    return cands, q
+
+
+def _sample_choices(q: np.ndarray, n: int, noise_eps: float, label: str) -> np.ndarray:
+    """``n`` report-noisy-max choices, vectorized (row k uses its own uniforms); checked against the operator's
+    ``report_noisy_max`` on the first rows."""
+    u = KeyedGenerator(audit_key(label, 0)).uniforms(baseline_domain("audit", 1), 0, 0, n * q.size).reshape(n, -1)
+    choice = np.argmax(q - np.log(u) / noise_eps, axis=1)
+    for k in range(50):
+        assert choice[k] == report_noisy_max(q, u[k], noise_eps)
+    return choice
+
+
+def test_scores_of_the_neighbouring_holdouts() -> None:
+    _, q0 = _scores(_holdout(2))
+    _, q1 = _scores(_holdout(3))
+    assert q0[1] - q0[0] == pytest.approx(-3.0)
+    assert q1[1] - q1[0] == pytest.approx(-2.0)
+
+
+@pytest.mark.parametrize(("noise_eps", "flagged"), [(EPS, False), (2 * EPS, True)])
+def test_nm_e_audit(noise_eps: float, flagged: bool) -> None:
+    """Correct noise: eps_lb in [0.85 eps, eps]; noise scale halved (Exp(1/(2 eps))): eps_lb > eps."""
+    n = 200_000
+    c0 = _sample_choices(_scores(_holdout(2))[1], n, noise_eps, f"nme-0-{noise_eps}")
+    c1 = _sample_choices(_scores(_holdout(3))[1], n, noise_eps, f"nme-1-{noise_eps}")
+    events = np.array([[np.sum(c0 == 1)], [np.sum(c1 == 1)]])
+    lb = eps_lower_bound(events[0], events[1], n, n)
+    if flagged:
+        assert lb > EPS
+    else:
+        assert 0.85 * EPS <= lb <= EPS
+
+
+@pytest.mark.slow
+def test_nm_e_audit_through_the_tops_operator() -> None:
+    """The same neighbours through ``ToPS`` itself (holdout, histogram, scores, keyed noise): one key per sample."""
+    n = 3000
+    hits = []
+    for side, twos in enumerate((2, 3)):
+        x = _holdout(twos)
+        chosen = []
+        for i in range(n):
+            op = ToPS(CFG, audit_key(f"tops-thr-{side}", i))
+            op.process(x)
+            chosen.append(op.theta)
+        thetas = np.array(chosen)
+        hits.append([np.sum(thetas == 2.0)])
+    lb = eps_lower_bound(np.array(hits[0]), np.array(hits[1]), n, n)
+    assert lb <= EPS
+    assert hits[1][0] > hits[0][0]  # the direction the scores predict (about e times more often)
