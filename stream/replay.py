@@ -137,7 +137,7 @@ def main(args: argparse.Namespace) -> int:
             releases = op.process(values)
             theta, s = op.theta, None
         elif args.method != "tops":
-            from operators.baselines import make  # noqa: PLC0415 - loaded only when asked for
+            from operators.baselines import make
 
             op = make(args.method, config_from_args(args), key)
             releases = op.process(values)
