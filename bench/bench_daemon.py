@@ -23,6 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.conftest import Broker, free_port, scrape, wait_for, write_toml  # noqa: E402
 
+STATE = True  # --no-state: without durable state (as before issue 4)
+BROKER_INFLIGHT = 0  # --broker-inflight: Mosquitto's max_inflight_messages (0: no limit; Mosquitto's default is 20)
 TEMPLATE = {"epsilon": 1.0, "bound": 1000.0, "holdout": 100, "query_range": 1 << 16, "fanout": 16}
 
 
@@ -31,7 +33,7 @@ def start_broker(tmp: Path) -> Broker:
     conf = tmp / "mosquitto.conf"
     user = "user root\n" if os.geteuid() == 0 else ""
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-                    f"max_queued_messages 0\nmax_inflight_messages 0\n{user}")
+                    f"max_queued_messages 0\nmax_inflight_messages {BROKER_INFLIGHT}\n{user}")
     b = Broker(port, conf)
     b.start()
     return b
@@ -47,6 +49,8 @@ def start_daemon(tmp: Path, port: int, **sections: dict) -> tuple[subprocess.Pop
         "streams": {"key_file": str(tmp / "master.key"), "max_streams": 20_000, "template": dict(TEMPLATE)},
         "metrics": {"port": mport},
         "log": {"level": "warning"},
+        # durable state on (journal, fsync, acknowledgements after the journal), a fresh store per start
+        "state": {"data_dir": tempfile.mkdtemp(dir=tmp, prefix="state-") if STATE else ""},
     }
     for name, d in sections.items():
         doc.setdefault(name, {}).update(d)
@@ -183,13 +187,19 @@ def main() -> int:
     ap.add_argument("--readings", type=int, default=5_000_000)
     ap.add_argument("--streams", type=int, default=10_000)
     ap.add_argument("--only", choices=("single", "batch", "streams"))
+    ap.add_argument("--no-state", action="store_true", help="run the daemon without durable state")
+    ap.add_argument("--broker-inflight", type=int, default=0, help="Mosquitto max_inflight_messages (0: no limit)")
     args = ap.parse_args()
+    global STATE, BROKER_INFLIGHT
+    STATE = not args.no_state
+    BROKER_INFLIGHT = args.broker_inflight
     if not shutil.which("mosquitto_pub"):
         print("mosquitto-clients is not installed", file=sys.stderr)
         return 1
     tmp = Path(tempfile.mkdtemp(prefix="tops-bench-"))
     broker = start_broker(tmp)
-    print(f"machine: {os.cpu_count()} cores; broker mosquitto on 127.0.0.1:{broker.port}; one daemon process")
+    print(f"machine: {os.cpu_count()} cores; broker mosquitto on 127.0.0.1:{broker.port}; one daemon process; "
+          f"durable state {'on' if STATE else 'off'}; broker max_inflight_messages {BROKER_INFLIGHT}")
     try:
         if args.only in (None, "single"):
             bench_single(tmp, broker.port, args.messages, 8, qos=0)

@@ -40,6 +40,10 @@ class Field:
     high: float | None = None
 
 
+DEFAULT_DATA_DIR = (
+    "/var/lib/tops" if os.geteuid() == 0
+    else str(Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "tops")
+)
 _DEFAULT_KEY_FILE = str(Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "tops" / "master.key")
 
 SCHEMA: dict[str, dict[str, Field]] = {
@@ -59,6 +63,14 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "reconnect_min": Field("float", 0.5, "First reconnect delay in seconds (doubles per failure).", low=0.01),
         "reconnect_max": Field("float", 30.0, "Cap of the reconnect delay in seconds (jitter: 50-100%).", low=0.01),
         "timeout": Field("float", 10.0, "Seconds to wait for connect/subscribe answers.", low=0.1),
+        "session": Field("choice", "persistent", "`persistent`: the broker keeps the subscriptions and queues QoS 1 "
+                         "readings while the daemon is down (clean session off; needs a fixed `client_id`, "
+                         "default `tops-<host name>`); `clean`: a new session at every connection.",
+                         choices=("persistent", "clean")),
+        "protocol": Field("choice", "3.1.1", "MQTT protocol version.", choices=("3.1.1", "5")),
+        "session_expiry": Field("int", 7 * 86400, "MQTT 5, persistent session: seconds the broker keeps the "
+                                "session after a disconnection (MQTT 3.1.1: the broker's "
+                                "`persistent_client_expiration` decides).", low=0),
     },
     "input": {
         "source": Field("choice", "stdin", "Where readings come from.", choices=("stdin", "mqtt")),
@@ -103,6 +115,35 @@ SCHEMA: dict[str, dict[str, Field]] = {
                           "Master key file (64 hex digits, mode 0600), created on first start if absent."),
         "max_streams": Field("int", 10_000, "Cap on the number of streams; new streams past it are rejected "
                              "(result `stream_cap`).", low=1),
+        "mode": Field("choice", "central", "`central`: ToPS on raw readings; `local`: ToPL, the input is "
+                      "perturbed reports of devices (`tops device`) and raw readings never reach the daemon.",
+                      choices=("central", "local")),
+    },
+    "local": {
+        "control_topic": Field("str", "tops/control/{stream}",
+                               "Topic template of the retained control message devices follow (mode `local`)."),
+        "streams": Field("strlist", [], "Streams created at start in mode `local` (devices wait for their "
+                         "control message before they report, so the daemon must know them first). Required "
+                         "in mode `local`."),
+    },
+    "state": {
+        "data_dir": Field("str", "auto", "Directory of the state store (`state.db`) and the input journal "
+                          "(`journal/`), mode 0700. `auto`: `/var/lib/tops` as root, else `$XDG_STATE_HOME/tops` "
+                          "(`~/.local/state/tops`); `\"\"` (empty): no durable state. Without a config file: off "
+                          "unless `--data-dir`."),
+        "checkpoint_interval": Field("float", 30.0, "Seconds between checkpoints.", low=0.05),
+        "checkpoint_every": Field("int", 100_000, "Also checkpoint after this many ticks (all streams together).",
+                                  low=1),
+        "fsync_interval": Field("float", 1.0, "Milliseconds accepted readings are gathered before one journal "
+                                "fsync (0: group commit, the next fsync starts as soon as the previous one ends).",
+                                low=0),
+        "fsync_batch": Field("int", 1000, "Sync at once when this many readings wait (without waiting "
+                             "`fsync_interval`).", low=1),
+        "fsync": Field("bool", True, "fsync the journal and the store (false: a crash of the process loses nothing, "
+                       "a crash of the machine may)."),
+        "new_generation": Field("strlist", [], "Streams to start as a new generation when their privacy "
+                                "parameters changed (new key, new ledger entry); also `tops run --new-generation "
+                                "NAME`. Kept after the change, it does nothing more."),
     },
     "metrics": {
         "host": Field("str", "127.0.0.1", "Address of the Prometheus endpoint."),
@@ -128,7 +169,6 @@ TEMPLATE_DOCS: dict[str, str] = {
     "resolution": "Values are quantized to multiples of this before integer noise is added.",
     "threshold_epsilon": "Budget of the threshold optimizer on the holdout (omit: epsilon).",
     "theta": "A fixed public threshold: no holdout.",
-    "consistency": "Consistent hierarchy noise (Appendix C); off only for baselines.",
 }
 
 # Without a config file (stdin in, JSONL out): a demo-friendly template, printed at start.
@@ -157,8 +197,10 @@ class DaemonConfig:
     output: Section
     ticks: Section
     streams: Section
+    local: Section
     metrics: Section
     log: Section
+    state: Section
     template: ToPSConfig
     source_path: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -245,6 +287,15 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
         t = out[key]
         if (t or key == "topic") and ("{stream}" not in t or "+" in t or "#" in t):
             problems.append(f"[output] {key} must contain '{{stream}}' and no wildcard (got {t!r})")
+    if sections["streams"]["mode"] == "local" and not sections["local"]["streams"]:
+        problems.append("[local] streams must name the streams of mode local (devices wait for their control message)")
+    ctl = sections["local"]["control_topic"]
+    if "{stream}" not in ctl or "+" in ctl or "#" in ctl:
+        problems.append(f"[local] control_topic must contain '{{stream}}' and no wildcard (got {ctl!r})")
+    st = sections["state"]
+    st["new_generation"] = [x for x in st["new_generation"] if x]
+    if st["data_dir"] == "auto":
+        st["data_dir"] = "" if source_path is None else DEFAULT_DATA_DIR
     if mq["reconnect_max"] < mq["reconnect_min"]:
         problems.append("[mqtt] reconnect_max must be >= reconnect_min")
     if mq["password_file"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -17,15 +18,19 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from operators import ToPS
+from operators import ToPLConfig, ToPS
+from operators.topl_server import LocalServer
 from stream.config import STDIN_TEMPLATE, DaemonConfig, build_config, load_config
+from stream.device import stream_control, threshold_control
+from stream.durability import Durability
 from stream.errors import ConfigFileError, PayloadError, StreamCapError
 from stream.keys import KeyFileError, derive_stream_key, load_master_key
 from stream.metrics import Metrics
-from stream.payload import decode_line, decode_payload
+from stream.payload import decode_line, decode_payload, decode_reports
 from stream.router import ReleaseBatch, Router, StreamRecord
 from stream.sinks import PublishQueue, StdoutSink, encode_releases, encode_status
 from stream.sources import MqttLink, StdinSource, TopicRouter
+from stream.store import StoreError
 from stream.ticking import PeriodClock
 
 __all__ = ["Daemon", "add_arguments", "main"]
@@ -82,6 +87,7 @@ class Daemon:
         self.stdin: StdinSource | None = None
         self.stdin_done = asyncio.Event()
         self._signals = 0
+        self.durable: Durability | None = None  # durable state ([state] data_dir), see stream/durability.py
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def serve(self) -> int:
@@ -101,7 +107,13 @@ class Daemon:
 
     def startup(self) -> None:
         cfg = self.cfg
-        if self.operator_factory is None:
+        self.local = cfg.streams.mode == "local"
+        if self.operator_factory is None and self.local:
+            t = cfg.template
+            topl = ToPLConfig(epsilon=t.epsilon, bound=t.bound, threshold_epsilon=t.threshold_epsilon,
+                              holdout=t.holdout, query_range=t.query_range, resolution=t.resolution, theta=t.theta)
+            self.operator_factory = lambda name: LocalServer(topl)
+        elif self.operator_factory is None:
             master = load_master_key(cfg.streams.key_file, create=True)
             template = cfg.template
             self.operator_factory = lambda name: ToPS(template, derive_stream_key(master, name))
@@ -132,11 +144,17 @@ class Daemon:
             self.stdin = StdinSource(self.stdin_stream, max_line=cfg.input.max_payload_bytes)
             stdin = self.stdin
             m.watch(m.incoming_queue, lambda: stdin.queue.qsize())
+        if cfg.state.data_dir:  # restore the stored streams, re-process the journal, checkpoint
+            self.durable = Durability.open(self)
         m.serve(cfg.metrics.host, cfg.metrics.port)
         if self.install_signals:
             loop = asyncio.get_running_loop()
             for sig in HANDLED_SIGNALS:
                 loop.add_signal_handler(sig, self.on_signal, sig)
+        if self.local:  # devices wait for their control message: the streams exist from the start
+            for name in cfg.local.streams:
+                self.stream_record(name)
+            self.emit([])
         log.info("started: input %s, sinks %s, ticks %s, metrics %s", cfg.input.source,
                  ",".join(cfg.output.sinks), cfg.ticks.mode,
                  f"{cfg.metrics.host}:{cfg.metrics.port}" if cfg.metrics.port else "off")
@@ -155,6 +173,8 @@ class Daemon:
             background.append(tg.create_task(self.period_loop(), name="tops.periods"))
         if self.mqtt_out and self.cfg.output.status_topic:
             background.append(tg.create_task(self.status_loop(), name="tops.status"))
+        if self.durable is not None:
+            background += self.durable.start(tg)
         return background
 
     async def drain(self) -> None:
@@ -168,8 +188,11 @@ class Daemon:
             await self.link.intake_done.wait()
         await self.stdin_done.wait()
         self.emit(self.router.flush())
-        self.emit(self.router.close_periods(time.time(), final=True))
+        # With durable state the open periods are checkpointed and close after the restart (never twice).
+        self.emit(self.router.close_periods(time.time(), final=self.durable is None))
         self.publish_statuses(due_only=True)
+        if self.durable is not None:
+            await self.durable.checkpoint_now()  # unpublished messages go into the outbox
         if self.link is not None:
             self.link.close()
             try:
@@ -179,11 +202,15 @@ class Daemon:
                 log.error("shutdown: %d messages could not be published within drain_timeout",
                           len(self.pubq) + len(self.link.inflight))
                 self.link_task.cancel()
+        if self.durable is not None:
+            await self.durable.checkpoint_now()  # what was published leaves the outbox
         self.account()
 
     def shutdown(self) -> None:
         if self.stdout is not None:
             self.stdout.flush()
+        if self.durable is not None:
+            self.durable.close()
         self.metrics.close()
         log.info("stopped: %d streams", len(self.router.streams) if hasattr(self, "router") else 0)
 
@@ -230,6 +257,9 @@ class Daemon:
                 counts["invalid_topic"] += 1
                 self.rejected("invalid_topic", "topic matches no input pattern or names no valid stream")
                 continue
+            if self.local:
+                self.on_reports(name, payload, now)
+                continue
             try:
                 readings, bad = decode_payload(payload)
             except PayloadError as exc:
@@ -253,6 +283,35 @@ class Daemon:
             for _, value, ts, seq in readings:
                 add(rec, value, ts, seq, now)
         self.step()
+
+    def on_reports(self, name: str, payload: bytes, now: float) -> None:
+        """Local mode: decode device reports, keep those made for the stream's current phase and theta."""
+        counts, router = self.msg_counts, self.router
+        try:
+            reports, bad = decode_reports(payload)
+        except PayloadError as exc:
+            counts["invalid"] += 1
+            self.rejected("invalid", exc.reason, f"message for stream {name!r}")
+            return
+        rec = router.streams.get(name)
+        if rec is None:
+            counts["invalid_topic"] += 1
+            self.rejected("invalid_topic", "reports for a stream not in [local] streams")
+            return
+        if not reports:
+            counts["invalid"] += 1
+            return
+        counts["ok"] += 1
+        router.counts["invalid"] += bad
+        op = rec.operator
+        for y, ts, seq, phase, theta in reports:
+            verdict = op.accepts(phase, theta, y)
+            if verdict != "ok":  # checked one by one: a batch may cross the switch of phase
+                router.counts["invalid"] += 1
+                self.rejected("invalid", f"{verdict} report (another phase or theta, or out of range)",
+                              f"stream {name!r}")
+                continue
+            router.add(rec, y, ts, seq, now)
 
     def on_lines(self, lines: list[bytes]) -> None:
         """Decode, validate and route stdin lines (a line is one message), then process and emit."""
@@ -311,6 +370,8 @@ class Daemon:
         self.emit(self.router.flush())
 
     def emit(self, batches: list[ReleaseBatch]) -> None:
+        if self.durable is not None and self.durable.hold(batches):
+            return  # released once the readings they come from are in the journal on disk
         eps = self.epsilon
         stdout, pubq = self.stdout, self.pubq if self.mqtt_out else None
         retain, as_array = self.cfg.output.retain, self.cfg.output.batch
@@ -337,6 +398,19 @@ class Daemon:
         rec.status_due = False
         if self.mqtt_out and rec.status_topic and self.pubq is not None:
             self.pubq.put(rec.status_topic, encode_status(rec), True, 0)
+        if self.local and self.pubq is not None:
+            self.publish_control(rec)
+
+    def publish_control(self, rec: StreamRecord) -> None:
+        """Local mode: the retained control message devices follow (Square Wave phase, then Hybrid with theta)."""
+        op, t = rec.operator, self.cfg.template
+        if op.theta is None:
+            msg = threshold_control(rec.name, op.config.threshold_budget, t.bound, op.sw_b)
+        else:
+            msg = stream_control(rec.name, t.epsilon, op.theta)
+        topic = self.cfg.local.control_topic.replace("{stream}", rec.name)
+        assert self.pubq is not None
+        self.pubq.put(topic, json.dumps(msg).encode(), True, 0)
 
     def publish_statuses(self, due_only: bool) -> None:
         for rec in self.router.streams.values():
@@ -407,6 +481,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key-file", help="override [streams] key_file")
     parser.add_argument("--metrics-port", type=int, help="override [metrics] port (0: off)")
     parser.add_argument("--check", action="store_true", help="check the configuration and exit")
+    parser.add_argument("--data-dir", help="override [state] data_dir (durable state; '' turns it off)")
+    parser.add_argument("--new-generation", action="append", default=[], metavar="NAME",
+                        help="start stream NAME as a new generation (new key, new ledger entry) when its privacy "
+                        "parameters changed; repeatable")
 
 
 def config_from_args(args: argparse.Namespace) -> DaemonConfig:
@@ -426,6 +504,10 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
         mt["port"] = args.metrics_port
     cfg.streams.values.update(s)
     cfg.metrics.values.update(mt)
+    st = cfg.state.values
+    if getattr(args, "data_dir", None) is not None:
+        st["data_dir"] = args.data_dir
+    st["new_generation"] = list(st["new_generation"]) + list(getattr(args, "new_generation", None) or [])
     return cfg
 
 
@@ -435,7 +517,8 @@ def describe_defaults(cfg: DaemonConfig) -> str:
     return (f"tops run: no --config: readings on stdin (a number, stream,value or JSON per line), JSONL releases on "
             f"stdout; one reading = one tick; stream template epsilon={t.epsilon:g} bound={t.bound:g} "
             f"holdout={t.holdout} query_range={t.query_range} fanout={t.fanout} smoother={t.smoother} "
-            f"resolution={t.resolution:g}; key file {cfg.streams.key_file}")
+            f"resolution={t.resolution:g}; key file {cfg.streams.key_file}; durable state "
+            f"{cfg.state.data_dir or 'off (--data-dir DIR keeps streams across runs)'}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -454,7 +537,7 @@ def main(args: argparse.Namespace) -> int:
         print(describe_defaults(cfg), file=sys.stderr)
     try:
         return asyncio.run(Daemon(cfg).serve())
-    except KeyFileError as exc:
+    except (KeyFileError, StoreError) as exc:
         print(f"tops run: {exc}", file=sys.stderr)
         return 2
 

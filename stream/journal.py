@@ -23,6 +23,7 @@ never acknowledged) is skipped.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -52,6 +53,8 @@ class Journal:
         self.segment = segment
         self._fd = self._open_segment(segment)
         self._buf: list[bytes] = []
+        self._ts_obj: object = None
+        self._ts_repr = ""
         self.pending_records = 0  # appended but not yet synced
 
     @classmethod
@@ -80,6 +83,17 @@ class Journal:
         self._buf.append(json.dumps(rec, separators=(",", ":")).encode() + b"\n")
         self.pending_records += 1
 
+    def append_json(self, stream_json: str, value: float, ts: float, seq: int | None) -> None:
+        """:meth:`append` for the hot path: ``stream_json`` is the stream name already JSON-encoded."""
+        if ts is not self._ts_obj:  # the readings of one message share their time: format it once
+            self._ts_obj, self._ts_repr = ts, (repr(ts) if math.isfinite(ts) else "")
+        if self._ts_repr and math.isfinite(value):
+            q = "" if seq is None else f',"q":{seq}'
+            self._buf.append(f'{{"s":{stream_json},"v":{value!r},"t":{self._ts_repr}{q}}}\n'.encode())
+            self.pending_records += 1
+        else:
+            self.append(json.loads(stream_json), value, ts=ts, seq=seq)
+
     def sync(self, *, fsync: bool = True) -> int:
         """Write the buffered readings and (by default) fsync them; returns how many were made durable."""
         n = self.pending_records
@@ -95,10 +109,27 @@ class Journal:
         self.pending_records = 0
         return n
 
-    def rotate(self) -> int:
+    def take(self) -> tuple[bytes, int]:
+        """Hand over the buffered readings (event-loop thread); :meth:`write_durable` then makes them durable."""
+        data, n = b"".join(self._buf), self.pending_records
+        self._buf.clear()
+        self.pending_records = 0
+        return data, n
+
+    def write_durable(self, data: bytes, *, fsync: bool = True) -> None:
+        """Write ``data`` from :meth:`take` to the current segment and fsync it (may run in a worker thread; the
+        caller makes sure no :meth:`rotate` runs meanwhile)."""
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        if fsync and data:
+            os.fsync(self._fd)
+
+    def rotate(self, *, fsync: bool = True) -> int:
         """Sync, close the current segment and start the next; returns the position a checkpoint now covers up to
         (the first segment *not* covered)."""
-        self.sync()
+        self.sync(fsync=fsync)
         os.close(self._fd)
         self.segment += 1
         self._fd = self._open_segment(self.segment)

@@ -15,6 +15,7 @@ READING_RESULTS = ("ok", "invalid", "late", "duplicate", "stream_cap")
 SINKS = ("mqtt", "stdout")
 
 # Time to turn one stream's batch of ticks into releases: tens of microseconds to a few hundred milliseconds.
+CHECKPOINT_BUCKETS = (1e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 LATENCY_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1, 0.25, 1.0)
 
 
@@ -47,6 +48,10 @@ class Metrics:
         self.publish_queue = Gauge("tops_publish_queue_depth", "Messages waiting to be published.", registry=r)
         self.tick_latency = Histogram("tops_tick_latency_seconds", "Time to turn one stream's batch of ticks "
                                       "into releases.", buckets=LATENCY_BUCKETS, registry=r)
+        self.checkpoint_seconds = Histogram("tops_checkpoint_seconds", "Duration of a checkpoint of the durable "
+                                            "state (intake waits meanwhile).", buckets=CHECKPOINT_BUCKETS, registry=r)
+        self.journal_synced = Counter("tops_journal_synced_readings", "Readings made durable in the input journal "
+                                      "(accepted).", registry=r)
         self._server: Any = None
 
     def watch(self, gauge: Gauge, fn: Callable[[], float]) -> None:

@@ -175,3 +175,62 @@ def decode_line(line: bytes) -> tuple[list[Reading], int]:
         return [(name, value, ts, None)], 0
     readings, bad = decode_payload(line)
     return readings, bad
+
+
+# -- local mode: device reports ---------------------------------------------------------------------------------
+# (report, ts or None, seq or None, phase, theta or None)
+Report = tuple[float, float | None, int | None, str, float | None]
+
+_PHASES = ("threshold", "stream")
+
+
+def _report(obj: Any) -> Report:
+    if not isinstance(obj, dict):
+        msg = "a report must be a JSON object"
+        raise PayloadError(msg)
+    y = obj.get("report")
+    if isinstance(y, bool) or not isinstance(y, int | float) or not math.isfinite(y):
+        msg = "report is not a finite number"
+        raise PayloadError(msg)
+    phase = obj.get("phase")
+    if phase not in _PHASES:
+        msg = "report phase must be 'threshold' or 'stream'"
+        raise PayloadError(msg)
+    theta = obj.get("theta")
+    if theta is not None and (isinstance(theta, bool) or not isinstance(theta, int | float) or not theta > 0):
+        msg = "report theta must be a positive number"
+        raise PayloadError(msg)
+    ts = obj.get("ts")
+    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts)):
+        msg = "ts must be a finite number"
+        raise PayloadError(msg)
+    seq = obj.get("seq")
+    if seq is not None and (type(seq) is not int or seq < 0):
+        msg = "seq must be an integer >= 0"
+        raise PayloadError(msg)
+    return float(y), None if ts is None else float(ts), seq, phase, None if theta is None else float(theta)
+
+
+def decode_reports(data: bytes) -> tuple[list[Report], int]:
+    """Device reports of local mode: one JSON object or an array of them; returns (reports, bad elements).
+
+    >>> decode_reports(b'{"report": -1.5, "phase": "stream", "theta": 19.0, "ts": 5}')
+    ([(-1.5, 5.0, None, 'stream', 19.0)], 0)
+    >>> decode_reports(b'[{"report": 3, "phase": "threshold"}, {"report": "x", "phase": "threshold"}]')
+    ([(3.0, None, None, 'threshold', None)], 1)
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        msg = "not a JSON report"
+        raise PayloadError(msg) from None
+    if isinstance(doc, list):
+        out: list[Report] = []
+        bad = 0
+        for el in doc:
+            try:
+                out.append(_report(el))
+            except PayloadError:
+                bad += 1
+        return out, bad
+    return [_report(doc)], 0

@@ -76,6 +76,7 @@ class Router:
         self.in_holdout = 0
         self.counts = {"ok": 0, "late": 0, "duplicate": 0, "invalid": 0}
         self.ticks_processed = 0
+        self.ticks_total = 0  # ticks processed since the start, never reset (checkpoint every N ticks)
         self.latencies: list[float] = []
         self.status_now: list[StreamRecord] = []  # new streams and phase changes: status goes out at once
 
@@ -103,6 +104,9 @@ class Router:
             if rec.last_seq is not None and seq <= rec.last_seq:
                 self.counts["duplicate"] += 1
                 return "duplicate"
+        if rec.phase == "holdout" and getattr(rec.operator, "takes_reports", False):
+            self._holdout_report(rec, value, seq)
+            return "ok"
         bins = rec.bins
         if bins is None:
             rec.pending.append(value)
@@ -123,6 +127,21 @@ class Router:
         self.dirty[rec.name] = rec
         return "ok"
 
+    def _holdout_report(self, rec: StreamRecord, value: float, seq: int | None) -> None:
+        """Local mode: a holdout report feeds the threshold estimate directly; it is not a tick."""
+        op = rec.operator
+        op.observe_threshold(np.array([value]))
+        if seq is not None:
+            rec.last_seq = seq
+        self.counts["ok"] += 1
+        if op.phase != rec.phase:
+            rec.phase = op.phase
+            rec.status_due = False
+            self.in_holdout -= 1
+            self.status_now.append(rec)
+        else:
+            rec.status_due = True
+
     def _process(self, rec: StreamRecord, values: list[float], ts: list[float]) -> ReleaseBatch | None:
         try:
             return self._process_batch(rec, values, ts)
@@ -142,6 +161,7 @@ class Router:
         first = rec.ticks
         rec.ticks += n
         self.ticks_processed += n
+        self.ticks_total += n
         batch = None
         if op.phase != "holdout":
             idx = [i for i, v in enumerate(out) if v == v]  # not NaN

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import socket
 import ssl
 import threading
 from collections import deque
@@ -19,6 +20,8 @@ from collections.abc import Callable
 from typing import IO, Any
 
 import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from stream.errors import PayloadError
 from stream.metrics import Metrics
@@ -95,8 +98,12 @@ class MqttLink:
 
     def __init__(self, settings: Any, *, topics: list[str], in_qos: int, out_qos: int, pubq: PublishQueue,
                  metrics: Metrics, on_messages: Callable[[list[aiomqtt.Message]], None], max_batch: int,
-                 inflight: int) -> None:
+                 inflight: int, manual_ack: bool = False) -> None:
         self.settings = settings
+        self.manual_ack = manual_ack  # acknowledge QoS 1 readings only when ack() is called (after the journal)
+        self.client: aiomqtt.Client | None = None  # the current connection's client
+        self.session_present = False  # from the last CONNACK (manual acknowledgements only)
+        self._backlog: list[aiomqtt.Message] = []
         self.topics = topics
         self.in_qos = in_qos
         self.out_qos = out_qos
@@ -133,6 +140,19 @@ class MqttLink:
     def queue_depth(self) -> int:
         return self.queue.qsize() if self.queue is not None else 0
 
+    def ack(self, pending: list[tuple[Any, int]]) -> int:
+        """Acknowledge received QoS 1 messages ``(client, mid)``; those of an earlier connection are skipped (the
+        broker redelivers them). Returns how many were acknowledged."""
+        client, n = self.client, 0
+        if client is None or not self.connected.is_set():
+            return 0
+        paho = client._client  # private: paho-mqtt 2 manual acknowledgements (aiomqtt 2.x has no API for it)
+        for c, mid in pending:
+            if c is client:
+                paho.ack(mid, 1)
+                n += 1
+        return n
+
     def take_published(self) -> int:
         n, self.published_releases = self.published_releases, 0
         return n
@@ -140,13 +160,33 @@ class MqttLink:
     # -- the connection loop ----------------------------------------------------------------------------
     def _client(self, queue: asyncio.Queue[aiomqtt.Message]) -> aiomqtt.Client:
         s = self.settings
-        return aiomqtt.Client(
+        persistent = s.session == "persistent"
+        client_id = s.client_id or (f"tops-{socket.gethostname()}" if persistent else None)
+        session: dict[str, Any] = {}
+        if s.protocol == "5":
+            props = Properties(PacketTypes.CONNECT)
+            if persistent:
+                props.SessionExpiryInterval = s.session_expiry
+            session = {"protocol": aiomqtt.ProtocolVersion.V5, "clean_start": not persistent, "properties": props}
+        else:
+            session = {"clean_session": not persistent}
+        client = aiomqtt.Client(
             s.host, s.port, username=s.username or None, password=s.password or None,
-            identifier=s.client_id or None, keepalive=s.keepalive, timeout=s.timeout,
+            identifier=client_id, keepalive=s.keepalive, timeout=s.timeout,
             tls_context=_tls_context(s), tls_insecure=s.tls_insecure if s.tls else None,
             queue_type=lambda maxsize=0: queue,  # type: ignore[arg-type,misc]  # keep a handle on the queue
-            max_inflight_messages=self.window, clean_session=True,
+            max_inflight_messages=self.window, **session,
         )
+        if self.manual_ack:
+            client._client.manual_ack_set(True)  # private: paho-mqtt 2, before connecting
+            aiomqtt_on_connect = client._client.on_connect
+
+            def on_connect(c: Any, userdata: Any, flags: Any, *args: Any) -> None:
+                self.session_present = bool(getattr(flags, "session_present", False))
+                aiomqtt_on_connect(c, userdata, flags, *args)
+
+            client._client.on_connect = on_connect  # aiomqtt 2.x drops the CONNACK's session-present flag
+        return client
 
     async def run(self) -> None:
         """Connect, serve, and reconnect with backoff until ``close()`` has drained the publish queue."""
@@ -155,7 +195,7 @@ class MqttLink:
         while True:
             queue: asyncio.Queue[aiomqtt.Message] = asyncio.Queue()
             self.queue = queue
-            client = self._client(queue)
+            client = self.client = self._client(queue)
             try:
                 async with client:
                     if ever_connected:
@@ -163,6 +203,7 @@ class MqttLink:
                     ever_connected, attempt = True, 0
                     self.connected.set()
                     self.metrics.mqtt_connected.set(1)
+                    self._settle_backlog()
                     log.info("connected to %s:%s", self.settings.host, self.settings.port)
                     await self._serve(client, queue)
                     return
@@ -179,13 +220,32 @@ class MqttLink:
                 return
             await asyncio.sleep(delay)
 
+    def _settle_backlog(self) -> None:
+        """Messages left unacknowledged by the last connection: redelivered if the broker kept the session."""
+        backlog, self._backlog = self._backlog, []
+        if backlog and not self.session_present:
+            log.warning("the broker lost the session: %d messages received before are processed now", len(backlog))
+            client, self.client = self.client, None  # their message ids belong to the old session: never acked
+            try:
+                for k in range(0, len(backlog), self.max_batch):
+                    self.on_messages(backlog[k:k + self.max_batch])
+            finally:
+                self.client = client
+
     def _after_connection(self, queue: asyncio.Queue[aiomqtt.Message]) -> None:
         """Put unconfirmed messages back and process what was received before the connection ended."""
         pending = [item for info, item in self.inflight if not info.is_published()]
         self.published_releases += sum(item[3] for info, item in self.inflight if info.is_published())
         self.inflight.clear()
         self.pubq.requeue(pending)
-        self._drain(queue)
+        if self.manual_ack and self.settings.session == "persistent":
+            # Not acknowledged, and no connection left to acknowledge them on: the broker redelivers them to the
+            # session, so processing them now would count them twice. Kept until the next CONNACK says whether the
+            # broker still has the session (if it lost it, they are processed then).
+            while not queue.empty():
+                self._backlog.append(queue.get_nowait())
+        else:
+            self._drain(queue)
         if self._stop_intake:
             self.intake_done.set()
 
@@ -229,10 +289,13 @@ class MqttLink:
                 self.on_messages(batch)
             if not self._stop_intake:
                 raise
-        # Stopping: no new messages, then process what the broker had already delivered.
-        with contextlib.suppress(aiomqtt.MqttError):
-            for t in self.topics:
-                await client.unsubscribe(t)
+        # Stopping: no new messages, then process what the broker had already delivered. With manual
+        # acknowledgements and a persistent session the subscriptions stay (the broker queues readings while the
+        # daemon is down); what arrives from now on is neither processed nor acknowledged, so it is redelivered.
+        if not (self.manual_ack and self.settings.session == "persistent"):
+            with contextlib.suppress(aiomqtt.MqttError):
+                for t in self.topics:
+                    await client.unsubscribe(t)
         self._drain(queue)
         self.intake_done.set()
 

@@ -33,9 +33,15 @@ def _data_dir(args: argparse.Namespace) -> Path:
         except (OSError, tomllib.TOMLDecodeError) as exc:
             msg = f"cannot read {args.config}: {exc}"
             raise StoreError(msg) from None
-        d = cfg.get("state", {}).get("data_dir")
+        d = cfg.get("state", {}).get("data_dir", "auto")
+        if d == "auto":  # as `tops run --config` resolves it
+            from stream.config import DEFAULT_DATA_DIR
+
+            d = DEFAULT_DATA_DIR
         if d:
-            return Path(d)
+            return Path(d).expanduser()
+        msg = f"{args.config} has no durable state ([state] data_dir = \"\")"
+        raise StoreError(msg)
     msg = "give --data-dir DIR or --config tops.toml with [state] data_dir"
     raise StoreError(msg)
 

@@ -74,6 +74,13 @@ CREATE TABLE IF NOT EXISTS ledger (
     retired TEXT,
     UNIQUE (stream, generation)
 );
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    retain INTEGER NOT NULL,
+    releases INTEGER NOT NULL
+);
 """
 
 
@@ -128,6 +135,7 @@ class Store:
             else:
                 conn = sqlite3.connect(p, isolation_level=None)
             conn.execute("PRAGMA busy_timeout = 5000")
+            conn.execute("PRAGMA secure_delete = ON")  # a replaced holdout histogram is overwritten, not left behind
             check = conn.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 msg = (
@@ -226,10 +234,24 @@ class Store:
             raise
         self._db.execute("COMMIT")
 
-    def checkpoint(self, states: dict[str, dict[str, Any]], journal_position: int) -> None:
-        """Write the states of the given streams and the journal position they cover, in one transaction."""
+    def checkpoint(
+        self,
+        states: dict[str, dict[str, Any]],
+        journal_position: int,
+        outbox: list[tuple[str, bytes, bool, int]] | None = None,
+    ) -> None:
+        """Write the states of the given streams and the journal position they cover, in one transaction.
+
+        ``outbox``: the messages not yet confirmed by the broker (replaces the stored outbox; None keeps it).
+        """
         now = _now()
         with self._transaction():
+            if outbox is not None:
+                self._db.execute("DELETE FROM outbox")
+                self._db.executemany(
+                    "INSERT INTO outbox (topic, payload, retain, releases) VALUES (?, ?, ?, ?)",
+                    [(t, bytes(p), int(r), int(n)) for t, p, r, n in outbox],
+                )
             self._db.executemany(
                 "UPDATE streams SET state = ?, updated = ? WHERE name = ?",
                 [(json.dumps(s, separators=(",", ":")), now, name) for name, s in states.items()],
@@ -238,6 +260,24 @@ class Store:
                 "INSERT INTO meta VALUES ('journal_position', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 (str(journal_position),),
             )
+
+    def outbox(self) -> list[tuple[str, bytes, bool, int]]:
+        """The messages of the last checkpoint that the broker had not confirmed, in order."""
+        rows = self._db.execute("SELECT topic, payload, retain, releases FROM outbox ORDER BY id").fetchall()
+        return [(str(t), bytes(p), bool(r), int(n)) for t, p, r, n in rows]
+
+    def meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._db.execute(
+            "INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value)
+        )
+
+    def purge_freed_pages(self) -> None:
+        """Fold the WAL into the database and truncate it (old page images, e.g. a holdout histogram, go away)."""
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def journal_position(self) -> int:
         row = self._db.execute("SELECT value FROM meta WHERE key = 'journal_position'").fetchone()

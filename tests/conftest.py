@@ -275,6 +275,7 @@ def daemon_config(tmp: Path, port: int, metrics_port: int, **sections: dict) -> 
         "streams": {"key_file": str(tmp / "master.key"), "max_streams": 100, "template": dict(TEMPLATE)},
         "metrics": {"port": metrics_port},
         "log": {"level": "info"},
+        "state": {"data_dir": str(tmp / "state")},
     }
     for name, d in sections.items():
         for k, v in d.items():

@@ -55,6 +55,7 @@ def test_sigterm_releases_open_periods_and_exits_0(tmp_path: Path) -> None:
         "ticks": {"mode": "period", "period": 3600.0, "aggregate": "count"},
         "streams": {"key_file": str(tmp_path / "k"), "template": {"epsilon": 1.0, "bound": 100.0, "theta": 50.0}},
         "metrics": {"port": mport},
+        "state": {"data_dir": ""},  # no durable state: open periods close at shutdown (test_state_restart: kept)
     })
     proc = subprocess.Popen([sys.executable, "-m", "stream.cli", "run", "--config", str(cfg)], cwd=ROOT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -83,6 +84,7 @@ def test_second_signal_forces_exit(tmp_path: Path) -> None:
         "output": {"sinks": ["mqtt"], "drain_timeout": 60.0},
         "streams": {"key_file": str(tmp_path / "k"), "template": {"epsilon": 1.0, "bound": 100.0, "theta": 50.0}},
         "metrics": {"port": mport},
+        "state": {"data_dir": str(tmp_path / "state")},
     })
     proc = subprocess.Popen([sys.executable, "-m", "stream.cli", "run", "--config", str(cfg)], cwd=ROOT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -1,0 +1,410 @@
+"""Durable state of ``tops run``: the state store and the input journal wired into the daemon's lifecycle.
+
+:meth:`Durability.open` (startup) opens the store (refusing a corrupt one or one made with another master key),
+restores every stored stream eagerly through the privacy ledger (changed privacy parameters stop the start unless a
+new generation is asked for), puts the stored outbox back into the publish queue, re-processes the journal since the
+last checkpoint (re-producing byte-identical releases, published again) and checkpoints.
+
+While running, every accepted reading is appended to the journal (``Router.add`` is wrapped) before it is processed;
+``sync_loop`` makes batches of them durable (write + fsync in a worker thread). Releases and status messages are
+*held* until the readings they depend on are durable, and QoS 1 messages are acknowledged only then; so whatever
+leaves the process can be re-produced from the journal, and a release is never made twice with different values.
+
+``checkpoint`` (every ``checkpoint_interval`` s, after ``checkpoint_every`` ticks, at start and at shutdown) runs in
+one event-loop step: rotate the journal (syncing what is buffered), release what was held, snapshot the changed
+streams (operator snapshot, last ``seq``, tick counter, open period bins) and the messages the broker has not
+confirmed (the outbox), commit it all in one transaction, and delete the covered journal segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from itertools import compress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from operators import ToPS, ToPSConfig
+from stream.journal import Journal
+from stream.keys import derive_stream_key, load_master_key
+from stream.router import ReleaseBatch, StreamRecord
+from stream.store import Store, StoreError
+from stream.ticking import PeriodBins
+
+if TYPE_CHECKING:
+    from stream.daemon import Daemon
+
+__all__ = ["Durability", "key_check"]
+
+log = logging.getLogger("tops.state")
+
+STATE_VERSION = 1
+
+
+def key_check(master: bytes) -> str:
+    """A one-way tag of the master key, so a store is never continued with another key (it reveals nothing)."""
+    tag = HKDF(algorithm=hashes.SHA256(), length=16, salt=b"tops/store-key-check/v1", info=b"").derive(master)
+    return tag.hex()
+
+
+def record_state(rec: StreamRecord) -> dict[str, Any]:
+    """What a stream record needs to continue exactly (no key, no raw reading; the holdout histogram while in it)."""
+    bins = rec.bins
+    return {
+        "version": STATE_VERSION,
+        "operator": _compact(rec.operator.snapshot()),
+        "last_seq": rec.last_seq,
+        "ticks": rec.ticks,
+        "bins": None if bins is None else {"first": bins.first, "open": [[k, v] for k, v in bins.bins.items()]},
+    }
+
+
+def _compact(snap: dict[str, Any]) -> dict[str, Any]:
+    """The operator snapshot as stored: without its ``config`` (the stream's parameters are stored beside it) and
+    with the holdout histogram as its non-zero cells (at most ``m`` of them, against one cell per candidate)."""
+    snap.pop("config", None)
+    hist = snap.get("holdout_histogram")
+    if isinstance(hist, list):
+        idx = list(compress(range(len(hist)), hist))
+        snap["holdout_histogram"] = {"cells": len(hist), "index": idx, "count": [hist[i] for i in idx]}
+    return snap
+
+
+def operator_snapshot(state: dict[str, Any], config: Any) -> dict[str, Any]:
+    """The operator snapshot of a stored state, as the operator's ``restore`` takes it."""
+    snap = dict(state["operator"])
+    if "config" not in snap and isinstance(config, ToPSConfig):
+        snap["config"] = config.to_dict()
+    hist = snap.get("holdout_histogram")
+    if isinstance(hist, dict):
+        dense = [0] * int(hist["cells"])
+        for i, c in zip(hist["index"], hist["count"], strict=True):
+            dense[int(i)] = int(c)
+        snap["holdout_histogram"] = dense
+    return snap
+
+
+def apply_state(rec: StreamRecord, state: dict[str, Any]) -> None:
+    """Put the non-operator fields of a stored state back into a freshly created record."""
+    rec.last_seq = state.get("last_seq")
+    rec.ticks = int(state.get("ticks", rec.ticks))
+    b = state.get("bins")
+    if b is not None and rec.bins is not None:
+        rec.bins = PeriodBins(int(b["first"]))
+        rec.bins.bins = {int(k): float(v) for k, v in b["open"]}
+
+
+class Durability:
+    """The store, the journal and what waits for them, for one daemon; use :meth:`open`."""
+
+    def __init__(self, daemon: Daemon, store: Store, journal: Journal) -> None:
+        cfg = daemon.cfg
+        st = cfg.state
+        self.daemon = daemon
+        self.router = daemon.router
+        self.store = store
+        self.journal = journal
+        self.fsync = bool(st.fsync)
+        self.fsync_interval = float(st.fsync_interval) / 1000.0
+        self.fsync_batch = int(st.fsync_batch)
+        self.checkpoint_interval = float(st.checkpoint_interval)
+        self.checkpoint_every = int(st.checkpoint_every)
+        self.new_generation = set(st.new_generation)
+        mode = getattr(cfg.streams, "mode", "central")
+        self.params = {"mode": mode, **cfg.template.to_dict()}
+        self.master: bytes | None = None
+        self.held: list[list[ReleaseBatch]] = []  # releases waiting for the sync of their readings
+        self.acks: list[tuple[Any, int]] = []  # QoS 1 messages (client, mid) waiting for the sync
+        self.changed: set[str] = set()  # streams whose state changed since the last checkpoint
+        self.saved_in_holdout: set[str] = set()  # streams whose stored state holds a holdout histogram
+        self.restored: dict[str, dict[str, Any]] = {}
+        self.releasing = False
+        self.syncing = False
+        self.wake = asyncio.Event()
+        self.checkpoint_due = asyncio.Event()
+        self.io_lock = asyncio.Lock()
+        self.ticks_at_checkpoint = 0
+        self.checkpoints = 0
+        self.last_checkpoint_seconds = 0.0
+        self.max_checkpoint_seconds = 0.0
+        self.synced_readings = 0
+        self._base_factory = daemon.router.factory
+        self._add = daemon.router.add
+        # periods on the wall clock: the arrival time decides the period, whatever the reading's ts
+        self._arrival_time = daemon.router.clock is not None and not daemon.router.event_time
+        self._record = daemon.router.record
+
+    # -- startup ------------------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, daemon: Daemon) -> Durability:
+        """Open the store and journal of ``[state] data_dir``, restore every stream, re-process the journal."""
+        cfg = daemon.cfg
+        d = Path(cfg.state.data_dir).expanduser()
+        try:
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            msg = f"[state] data_dir {d} cannot be created ({exc.strerror})"
+            raise StoreError(msg) from None
+        if not os.access(d, os.W_OK | os.X_OK):
+            msg = f"[state] data_dir {d} is not writable by this user"
+            raise StoreError(msg)
+        store = Store.open(d / "state.db")
+        try:
+            journal = Journal.open(d / "journal")
+        except OSError as exc:
+            store.close()
+            msg = f"journal in {d / 'journal'} cannot be opened ({exc.strerror})"
+            raise StoreError(msg) from None
+        self = cls(daemon, store, journal)
+        try:
+            self._bind_key()
+            self._install()
+            self._restore()
+        except BaseException:
+            store.close()
+            raise
+        return self
+
+    def _bind_key(self) -> None:
+        if getattr(self.daemon, "local", False):  # local mode: the server holds no key
+            return
+        self.master = load_master_key(self.daemon.cfg.streams.key_file, create=True)
+        tag, stored = key_check(self.master), self.store.meta("key_check")
+        if stored is None:
+            self.store.set_meta("key_check", tag)
+        elif stored != tag:
+            msg = (f"state store {self.store.path} was made with another master key than "
+                   f"{self.daemon.cfg.streams.key_file}; refusing to start (use the key file it was made with, or "
+                   f"another [state] data_dir)")
+            raise StoreError(msg)
+
+    def _install(self) -> None:
+        r = self.router
+        r.factory = self.factory
+        r.record = self.record  # type: ignore[method-assign]
+        link = self.daemon.link
+        if link is not None and link.topics:
+            link.manual_ack = True
+            orig = link.on_messages
+
+            def on_messages(batch: list[Any]) -> None:
+                client = link.client
+                self.acks.extend((client, m.mid) for m in batch if m.qos)
+                orig(batch)
+
+            link.on_messages = on_messages
+
+    def _restore(self) -> None:
+        daemon, router = self.daemon, self.router
+        t0 = time.perf_counter()
+        stored = self.store.streams()
+        if len(stored) > router.max_streams:
+            log.warning("the store holds %d streams, more than [streams] max_streams = %d: all are restored, no "
+                        "new stream is accepted", len(stored), router.max_streams)
+            router.max_streams = len(stored)
+        for s in stored:
+            daemon.stream_record(s["name"])
+        outbox = self.store.outbox()
+        if outbox:
+            if daemon.pubq is not None:
+                daemon.pubq.requeue(outbox)
+            else:
+                log.warning("%d stored messages not published: no MQTT sink any more", len(outbox))
+        n, skipped = 0, 0
+        for rec_j in self.journal.replay(self.store.journal_position()):
+            rec = daemon.stream_record(rec_j.stream)
+            if rec is None:
+                skipped += 1
+                continue
+            self._add(rec, rec_j.value, rec_j.ts, rec_j.seq, rec_j.ts)
+            self.changed.add(rec.name)
+            n += 1
+            if n % 5000 == 0:
+                daemon.emit(router.flush())
+        daemon.emit(router.flush())
+        router.take_counts()  # replayed readings were counted by the process that accepted them
+        self.ticks_at_checkpoint = router.ticks_total
+        self.checkpoint()
+        log.info("state: %d streams restored, %d journaled readings re-processed%s, %d stored messages requeued "
+                 "(%.2f s)", len(stored), n, f" ({skipped} for streams past the cap)" if skipped else "",
+                 len(outbox), time.perf_counter() - t0)
+
+    # -- streams ------------------------------------------------------------------------------------------------
+    def factory(self, name: str) -> Any:
+        """The operator of ``name``: admitted by the ledger, keyed by its generation, restored when stored."""
+        adm = self.store.admit(name, self.params, new_generation=name in self.new_generation)
+        if self.master is not None and not self.daemon.local:
+            key: bytes | None = derive_stream_key(self.master, name, adm.generation)
+            op = ToPS(self.daemon.cfg.template, key)
+        else:  # local mode (the server holds no noise key) or an operator factory given by a test
+            key = None
+            op = self._base_factory(name)
+        if adm.state is None:
+            self.changed.add(name)
+            return op
+        try:
+            op = type(op).restore(op.config, key, operator_snapshot(adm.state, op.config))
+        except (KeyError, TypeError, ValueError) as exc:
+            msg = (f"stream {name!r}: the stored state does not fit the configuration ({exc}); refusing to start "
+                   f"(restore the old configuration, or start a new generation: --new-generation {name})")
+            raise StoreError(msg) from None
+        self.restored[name] = adm.state
+        if op.phase == "holdout":
+            self.saved_in_holdout.add(name)
+        return op
+
+    def record(self, name: str) -> StreamRecord:
+        rec = self._record(name)
+        state = self.restored.pop(name, None)
+        if state is not None:
+            apply_state(rec, state)
+        return rec
+
+    def journaled_add(self, rec: StreamRecord, value: float, ts: float | None, seq: int | None, now: float) -> str:
+        """``Router.add``, then the accepted reading goes to the journal (with the time its tick was decided by:
+        the tick's ts with one reading per tick, the time that chose the period with periods)."""
+        result = self._add(rec, value, ts, seq, now)
+        if result == "ok":
+            t = now if ts is None or self._arrival_time else ts
+            self.journal.append_json(rec.name_json, value, t, seq)
+            self.changed.add(rec.name)
+        return result
+
+    # -- holding releases until their readings are durable ------------------------------------------------------
+    def hold(self, batches: list[ReleaseBatch]) -> bool:
+        """Called by ``Daemon.emit``: True when the releases must wait for the next sync (they are kept)."""
+        if self.releasing:
+            return False
+        if self.router.ticks_total - self.ticks_at_checkpoint >= self.checkpoint_every:
+            self.checkpoint_due.set()
+        if self.journal.pending_records or self.syncing or self.held or self.acks:
+            if batches or self.router.status_now:
+                self.held.append(batches)
+            self.wake.set()
+            return True
+        return False
+
+    def _release(self, held: list[list[ReleaseBatch]]) -> None:
+        if not held:
+            return
+        self.releasing = True
+        try:
+            for batches in held:
+                self.daemon.emit(batches)
+        finally:
+            self.releasing = False
+
+    def _ack(self, acks: list[tuple[Any, int]]) -> None:
+        link = self.daemon.link
+        if acks and link is not None:
+            link.ack(acks)
+
+    async def sync_loop(self) -> None:
+        """Group commit: gather readings for ``fsync_interval`` (or ``fsync_batch`` of them), write and fsync in a
+        worker thread, then release what waited for them and acknowledge their messages."""
+        while True:
+            await self.wake.wait()
+            if self.fsync_interval > 0 and self.journal.pending_records < self.fsync_batch:
+                await asyncio.sleep(self.fsync_interval)
+            self.wake.clear()
+            async with self.io_lock:
+                await self._sync()
+
+    async def _sync(self) -> None:
+        data, n = self.journal.take()
+        held, acks = self.held, self.acks
+        self.held, self.acks = [], []
+        if data:
+            self.syncing = True
+            try:
+                await asyncio.to_thread(self.journal.write_durable, data, fsync=self.fsync)
+            finally:
+                self.syncing = False
+        self.synced_readings += n
+        if n:
+            self.daemon.metrics.journal_synced.inc(n)
+        self._release(held)
+        self._ack(acks)
+
+    # -- checkpoints --------------------------------------------------------------------------------------------
+    async def checkpoint_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.checkpoint_due.wait(), self.checkpoint_interval)
+            async with self.io_lock:
+                self.checkpoint()
+
+    async def checkpoint_now(self) -> None:
+        """A checkpoint as soon as no sync is under way (shutdown)."""
+        async with self.io_lock:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """One consistent checkpoint, synchronous (one event-loop step); the caller holds ``io_lock`` if running."""
+        t0 = time.perf_counter()
+        daemon, router = self.daemon, self.router
+        self.checkpoint_due.clear()
+        if router.clock is None and router.dirty:
+            daemon.emit(router.flush())
+        pending = self.journal.pending_records
+        position = self.journal.rotate(fsync=self.fsync)
+        if pending:
+            self.synced_readings += pending
+            self.daemon.metrics.journal_synced.inc(pending)
+        held, acks = self.held, self.acks
+        self.held, self.acks = [], []
+        self._release(held)
+        self._ack(acks)
+        streams = router.streams
+        names = list(streams) if router.clock is not None else [n for n in self.changed if n in streams]
+        states = {n: record_state(streams[n]) for n in names}
+        left_holdout = [n for n in names if n in self.saved_in_holdout and streams[n].operator.phase != "holdout"]
+        for n in names:
+            if streams[n].operator.phase == "holdout":
+                self.saved_in_holdout.add(n)
+        self.store.checkpoint(states, position, self.outbox())
+        self.journal.drop_before(position)
+        if left_holdout:  # the holdout histograms are gone from the rows; purge the old page images too
+            self.store.purge_freed_pages()
+            self.saved_in_holdout.difference_update(left_holdout)
+        self.changed.clear()
+        self.ticks_at_checkpoint = router.ticks_total
+        self.checkpoints += 1
+        dt = time.perf_counter() - t0
+        self.last_checkpoint_seconds = dt
+        self.max_checkpoint_seconds = max(self.max_checkpoint_seconds, dt)
+        self.daemon.metrics.checkpoint_seconds.observe(dt)
+        log.debug("checkpoint: %d streams written in %.3f s (journal position %d)", len(states), dt, position)
+
+    def outbox(self) -> list[tuple[str, bytes, bool, int]] | None:
+        """Messages made but not confirmed by the broker: unconfirmed in-flight ones first, then the queue."""
+        daemon = self.daemon
+        if daemon.pubq is None:
+            return None
+        items: list[tuple[str, bytes, bool, int]] = []
+        if daemon.link is not None:
+            items += [item for info, item in daemon.link.inflight if not info.is_published()]
+        items += list(daemon.pubq.items)
+        return items
+
+    def start(self, tg: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
+        """Start the sync and checkpoint loops; intake goes through the journal from now on."""
+        self.begin_intake()
+        return [tg.create_task(self.sync_loop(), name="tops.state.sync"),
+                tg.create_task(self.checkpoint_loop(), name="tops.state.checkpoint")]
+
+    def begin_intake(self) -> None:
+        """From now on every accepted reading is appended to the journal."""
+        self.router.add = self.journaled_add  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        """The last checkpoint is taken by the drain; close the files."""
+        with contextlib.suppress(OSError):
+            self.journal.close()
+        self.store.close()

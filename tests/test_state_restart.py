@@ -1,0 +1,355 @@
+"""Durable state with real parts: kill -9 cycles over MQTT QoS 1, holdout across restarts, the ledger, no secrets."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from operators import ToPS, ToPSConfig
+from stream.keys import derive_stream_key, load_master_key
+from stream.store import Store
+from tests.conftest import (
+    TEMPLATE,
+    DaemonProcess,
+    Subscriber,
+    daemon_config,
+    free_port,
+    publish,
+    scrape,
+    wait_for,
+    write_toml,
+)
+from tests.test_daemon_e2e import check_against_replay
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tops(*args: str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "stream.cli", *args], cwd=ROOT, input=stdin, capture_output=True,
+                          timeout=timeout, check=False)
+
+
+def stdin_config(tmp: Path, **state: object) -> Path:
+    """A stdin -> stdout configuration with durable state in ``tmp/state``."""
+    return write_toml(tmp / "tops.toml", {
+        "input": {"source": "stdin"},
+        "output": {"sinks": ["stdout"]},
+        "streams": {"key_file": str(tmp / "master.key"), "template": dict(TEMPLATE)},
+        "metrics": {"port": 0},
+        "state": {"data_dir": str(tmp / "state"), **state},
+    })
+
+
+class Feeder(threading.Thread):
+    """Publishes ``{"value", "seq"}`` readings of several streams at QoS 1, interleaved, at a steady pace."""
+
+    def __init__(self, port: int, values: dict[str, np.ndarray], rate: float) -> None:
+        super().__init__(daemon=True)
+        import paho.mqtt.client as mqtt
+
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="feeder")
+        self.client.max_inflight_messages_set(100)
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        self.values, self.pause = values, 1.0 / rate
+        self.sent = 0
+
+    def run(self) -> None:
+        n = max(len(v) for v in self.values.values())
+        infos = []
+        for i in range(n):
+            for s, v in self.values.items():
+                if i < len(v):
+                    payload = json.dumps({"value": float(v[i]), "seq": i})
+                    infos.append(self.client.publish(f"meters/{s}/reading", payload, qos=1))
+                    self.sent += 1
+            time.sleep(self.pause)
+        for info in infos:
+            info.wait_for_publish(30)
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_kill9_cycles_release_the_same_as_an_uninterrupted_run(mosquitto, tmp_path: Path) -> None:
+    """kill -9 at seeded random points while readings flow (QoS 1, persistent session): the union of the releases
+    of all runs equals `tops replay` on all readings, tick for tick, value for value; repeats are identical."""
+    rng = np.random.default_rng(11)
+    values = {s: rng.integers(0, 120, size=420).astype(float) for s in ("k1", "k2", "k3")}
+    mport = free_port()
+    cfg = daemon_config(tmp_path, mosquitto.port, mport, mqtt={"client_id": "tops-kill-test"},
+                        state={"checkpoint_interval": 0.4, "checkpoint_every": 150})
+    sub = Subscriber(mosquitto.port, "dp/+")
+    sub.wait_ready("dp/probe")
+    feeder = Feeder(mosquitto.port, values, rate=60)  # 7 s of readings
+    kills = random.Random(2024)
+    logs: list[str] = []
+    try:
+        for cycle in range(5):
+            run_dir = tmp_path / f"run{cycle}"
+            run_dir.mkdir()
+            daemon = DaemonProcess(cfg, mport, run_dir)
+            daemon.wait_connected()
+            if cycle == 0:
+                feeder.start()
+            time.sleep(kills.uniform(0.3, 1.2))
+            os.kill(daemon.proc.pid, signal.SIGKILL)
+            daemon.kill()
+            logs.append(daemon.stderr())
+            time.sleep(kills.uniform(0.0, 0.5))  # readings keep coming while the daemon is down
+        run_dir = tmp_path / "final"
+        run_dir.mkdir()
+        daemon = DaemonProcess(cfg, mport, run_dir)
+        daemon.wait_connected()
+        feeder.join(60)
+        assert not feeder.is_alive()
+        n_release = sum(len(v) - TEMPLATE["holdout"] for v in values.values())
+
+        def keys() -> set[tuple[str, int]]:
+            return {(p["stream"], p["tick"]) for p in sub.payloads() if "tick" in p}
+
+        wait_for(lambda: len(keys()) >= n_release, 30, what="every release")
+        assert daemon.stop() == 0
+        logs.append(daemon.stderr())
+    finally:
+        sub.close()
+    releases = [p for p in sub.payloads() if "tick" in p]
+    seen: dict[tuple[str, int], tuple[float, float]] = {}
+    for r in releases:  # a repeated release (re-processed journal, outbox) is byte-identical
+        k = (r["stream"], r["tick"])
+        assert seen.setdefault(k, (r["value"], r["theta"])) == (r["value"], r["theta"]), k
+    for s, v in values.items():
+        assert check_against_replay(releases, v, tmp_path / "master.key", s, tmp_path) == len(v) - TEMPLATE["holdout"]
+    assert all("Traceback" not in x for x in logs)
+    assert sum("journaled readings re-processed" in x for x in logs) == 6
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_unsynced_readings_are_not_acknowledged_and_come_back(mosquitto, tmp_path: Path) -> None:
+    """Readings received but not yet in the journal on disk are neither acknowledged nor released: after kill -9
+    the broker redelivers them (manual acknowledgements, persistent session) and they are released once."""
+    mport = free_port()
+    tpl = {"theta": 50.0}
+    slow = daemon_config(tmp_path, mosquitto.port, mport, mqtt={"client_id": "tops-ack-test"},
+                         streams={"template": tpl}, state={"fsync_interval": 60_000.0, "fsync_batch": 10_000})
+    sub = Subscriber(mosquitto.port, "dp/+")
+    sub.wait_ready("dp/probe")
+    daemon = DaemonProcess(slow, mport, tmp_path)
+    try:
+        daemon.wait_connected()
+        publish(mosquitto.port, "meters/x/reading", ["5", "6", "7", "8", "9"])
+        wait_for(lambda: daemon.metrics()["tops_readings_total{result=ok}"] == 5, 10, what="readings processed")
+        time.sleep(0.3)
+        assert not [p for p in sub.payloads() if "tick" in p]  # held: their readings are not on disk yet
+    finally:
+        daemon.kill()  # SIGKILL
+    normal = daemon_config(tmp_path, mosquitto.port, mport, mqtt={"client_id": "tops-ack-test"},
+                           streams={"template": tpl})
+    daemon = DaemonProcess(normal, mport, tmp_path)
+    try:
+        daemon.wait_connected()
+        wait_for(lambda: len([p for p in sub.payloads() if "tick" in p]) >= 5, 15, what="redelivered readings")
+        wait_for(lambda: daemon.metrics()["tops_readings_total{result=ok}"] == 5, 5, what="counted once")
+        assert daemon.stop() == 0
+        assert "0 journaled readings re-processed" in daemon.stderr()  # they came back from the broker
+    finally:
+        sub.close()
+        daemon.kill()
+    assert sorted(p["tick"] for p in sub.payloads() if "tick" in p) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_holdout_survives_a_restart(mosquitto, tmp_path: Path) -> None:
+    """A stream stopped in its holdout continues it (holdout_left goes on, theta equals the uninterrupted run's);
+    once theta is chosen the holdout histogram is gone from the store file."""
+    values = np.random.default_rng(5).integers(0, 90, size=80).astype(float)
+    mport = free_port()
+    cfg = daemon_config(tmp_path, mosquitto.port, mport, mqtt={"client_id": "tops-holdout-test"})
+    sub = Subscriber(mosquitto.port, "dp/#")
+    sub.wait_ready("dp/probe")
+    lines = [json.dumps({"value": float(x), "seq": i}) for i, x in enumerate(values)]
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    try:
+        daemon.wait_connected()
+        publish(mosquitto.port, "meters/h/reading", lines[:30])
+        wait_for(lambda: daemon.metrics()["tops_readings_total{result=ok}"] == 30, 10, what="30 readings")
+        assert daemon.stop() == 0
+        state = tops("state", "--data-dir", str(tmp_path / "state"), "--json")
+        row = json.loads(state.stdout)[0]
+        assert (row["stream"], row["phase"], row["ticks"], row["released"]) == ("h", "holdout", 30, 0)
+        daemon = DaemonProcess(cfg, mport, tmp_path)
+        daemon.wait_connected()
+
+        def status() -> dict:
+            return [json.loads(p) for t, p in sub.lines if t == "dp/h/status"][-1]
+
+        wait_for(lambda: len([1 for t, _ in sub.lines if t == "dp/h/status"]) >= 2, 10, what="status after restart")
+        assert status() == {"stream": "h", "phase": "holdout", "holdout_left": 20}
+        publish(mosquitto.port, "meters/h/reading", lines[30:])
+        wait_for(lambda: len([p for p in sub.payloads() if "tick" in p]) >= 30, 15, what="releases")
+        assert daemon.stop() == 0
+    finally:
+        sub.close()
+        daemon.kill()
+    releases = [p for p in sub.payloads() if "tick" in p]
+    assert check_against_replay(releases, values, tmp_path / "master.key", "h", tmp_path) == 30
+    key = derive_stream_key(load_master_key(tmp_path / "master.key"), "h")
+    uninterrupted = ToPS(ToPSConfig(**TEMPLATE), key)
+    uninterrupted.process(values)
+    assert {r["theta"] for r in releases} == {uninterrupted.theta}
+    stored = Store.open(tmp_path / "state" / "state.db", readonly=True).streams()[0]["state"]["operator"]
+    assert "holdout_histogram" not in stored and stored["theta_units"] is not None
+    assert b"holdout_histogram" not in (tmp_path / "state" / "state.db").read_bytes()
+    assert not (tmp_path / "state" / "state.db-wal").exists() or \
+        b"holdout_histogram" not in (tmp_path / "state" / "state.db-wal").read_bytes()
+
+
+def test_changed_privacy_parameters_refused_new_generation_accepted(tmp_path: Path) -> None:
+    """epsilon or bound changed for a stored stream: one clear line, exit 2; --new-generation NAME starts it anew."""
+    cfg = stdin_config(tmp_path)
+    first = tops("run", "--config", str(cfg), stdin=b"p,5\np,6\nq,1\n")
+    assert first.returncode == 0, first.stderr.decode()
+    for flag, value, what in (("--epsilon", "2", "epsilon 1.0 -> 2.0"), ("--bound", "50", "bound 100.0 -> 50.0")):
+        r = tops("run", "--config", str(cfg), flag, value, stdin=b"p,7\n")
+        assert r.returncode == 2
+        err = r.stderr.decode().strip().splitlines()
+        assert len(err) == 1 and "other privacy parameters" in err[0] and what in err[0], err
+        assert "--new-generation p" in err[0]
+    r = tops("run", "--config", str(cfg), "--epsilon", "2", "--new-generation", "p", "--new-generation", "q",
+             stdin=b"p,7\n")
+    assert r.returncode == 0, r.stderr.decode()
+    ledger = json.loads(tops("state", "--config", str(cfg), "--json", "--ledger").stdout)
+    p = [e for e in ledger if e["stream"] == "p"]
+    assert [(e["generation"], e["epsilon"], e["retired"] is None) for e in p] == [(1, 1.0, False), (2, 2.0, True)]
+    rows = {r["stream"]: r for r in json.loads(tops("state", "--config", str(cfg), "--json").stdout)}
+    assert rows["p"]["generation"] == 2 and rows["p"]["ticks"] == 1 and rows["p"]["epsilon"] == 2.0
+    assert tops("run", "--config", str(cfg), "--epsilon", "2", stdin=b"p,8\n").returncode == 0  # no change now
+
+
+def test_a_corrupt_store_or_another_master_key_is_refused(tmp_path: Path) -> None:
+    cfg = stdin_config(tmp_path)
+    assert tops("run", "--config", str(cfg), stdin=b"a,1\n").returncode == 0
+    other = tmp_path / "other.key"
+    r = tops("run", "--config", str(cfg), "--key-file", str(other), stdin=b"a,1\n")
+    assert r.returncode == 2 and "another master key" in r.stderr.decode()
+    db = tmp_path / "state" / "state.db"
+    for extra in ("-wal", "-shm"):
+        Path(f"{db}{extra}").unlink(missing_ok=True)
+    data = bytearray(db.read_bytes())
+    data[100:4096] = os.urandom(3996)  # the header survives, the schema page does not
+    db.write_bytes(bytes(data))
+    r = tops("run", "--config", str(cfg), stdin=b"a,1\n")
+    err = r.stderr.decode().strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "refusing to start" in err[0], err
+    assert db.read_bytes() == bytes(data)  # never replaced
+    db.write_bytes(b"not a database at all" * 100)
+    r = tops("run", "--config", str(cfg), stdin=b"a,1\n")
+    assert r.returncode == 2 and "refusing to start" in r.stderr.decode()
+    db.chmod(0o644)
+    r = tops("run", "--config", str(cfg), stdin=b"a,1\n")
+    assert r.returncode == 2 and "chmod 600" in r.stderr.decode()
+
+
+def test_open_periods_are_kept_across_a_restart_not_released_twice(tmp_path: Path) -> None:
+    """Period ticks with durable state: SIGTERM checkpoints the open period instead of closing it early; the
+    next run adds to it."""
+    cfg = write_toml(tmp_path / "tops.toml", {
+        "input": {"source": "stdin"},
+        "output": {"sinks": ["stdout"]},
+        "ticks": {"mode": "period", "period": 3600.0, "aggregate": "count"},
+        "streams": {"key_file": str(tmp_path / "k"), "template": {"epsilon": 1.0, "bound": 100.0, "theta": 50.0}},
+        "metrics": {"port": 0},
+        "state": {"data_dir": str(tmp_path / "state")},
+    })
+    if time.time() % 3600 > 3500:  # too close to the end of the hour for two runs in one period
+        time.sleep(3600 - time.time() % 3600 + 1)
+    r1 = tops("run", "--config", str(cfg), stdin=b"".join(f"m{i % 3},{i}\n".encode() for i in range(30)))
+    r2 = tops("run", "--config", str(cfg), stdin=b"m0,1\nm0,2\n")
+    assert r1.returncode == 0 and r2.returncode == 0, r2.stderr.decode()
+    assert r1.stdout == b"" and r2.stdout == b""  # the hour is not over: nothing released early
+    st = {s["name"]: s["state"] for s in Store.open(tmp_path / "state" / "state.db", readonly=True).streams()}
+    counts = {n: sum(v for _, v in s["bins"]["open"]) for n, s in st.items()}
+    assert counts == {"m0": 12.0, "m1": 10.0, "m2": 10.0}
+
+
+@pytest.mark.network
+def test_no_secret_and_no_raw_value_in_logs_metrics_or_state(mosquitto, tmp_path: Path) -> None:
+    raw = [41.987654 + i for i in range(60)]  # distinctive raw values (releases are on the integer grid)
+    mport = free_port()
+    cfg = daemon_config(tmp_path, mosquitto.port, mport, log={"level": "debug"},
+                        mqtt={"client_id": "tops-secret-test"})
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    try:
+        daemon.wait_connected()
+        publish(mosquitto.port, "meters/sec/reading", [repr(v) for v in raw[:30]])
+        publish(mosquitto.port, "meters/sec/reading", [json.dumps({"value": v, "seq": i}) for i, v in
+                                                       enumerate(raw[30:])])
+        wait_for(lambda: daemon.metrics()["tops_readings_total{result=ok}"] == 60, 10, what="readings")
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5) as resp:
+            metrics_text = resp.read().decode()
+        assert scrape(mport)["tops_streams_active"] == 1
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    master = load_master_key(tmp_path / "master.key")
+    secrets = [master.hex(), derive_stream_key(master, "sec").hex(), derive_stream_key(master, "sec", 2).hex()]
+    outputs = {"log": daemon.stderr(), "metrics": metrics_text}
+    for args in (("--json",), (), ("--ledger",), ("--ledger", "--json")):
+        r = tops("state", "--data-dir", str(tmp_path / "state"), *args)
+        assert r.returncode == 0
+        outputs[f"state {args}"] = r.stdout.decode() + r.stderr.decode()
+    assert "sec" in outputs["state ('--json',)"]
+    for where, text in outputs.items():
+        low = text.lower()
+        for s in secrets:
+            assert s not in low and s[:16] not in low, where
+        for v in raw:
+            assert f"{v:.6f}"[:8] not in text, (where, v)
+    # the store holds no key either, and after a clean stop the journal holds no reading
+    db = sqlite3.connect(tmp_path / "state" / "state.db")
+    dump = "\n".join(db.iterdump()).lower()
+    assert all(s not in dump for s in secrets)
+    leftover = b"".join(p.read_bytes() for p in (tmp_path / "state" / "journal").iterdir())
+    assert b"41.98" not in leftover
+    assert oct((tmp_path / "state" / "state.db").stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.network
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["3.1.1", "5"])
+def test_readings_sent_while_the_daemon_is_down_are_delivered(mosquitto, tmp_path: Path, protocol: str) -> None:
+    """Persistent session (MQTT 3.1.1 clean session off, or MQTT 5 clean start off + session expiry)."""
+    mport = free_port()
+    cfg = daemon_config(tmp_path, mosquitto.port, mport, streams={"template": {"theta": 50.0}},
+                        mqtt={"client_id": f"tops-session-{protocol}", "protocol": protocol, "session_expiry": 600})
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    try:
+        daemon.wait_connected()
+        publish(mosquitto.port, "meters/d/reading", ["1", "2"])
+        wait_for(lambda: daemon.metrics()["tops_readings_total{result=ok}"] == 2, 10, what="first readings")
+        assert daemon.stop() == 0
+        publish(mosquitto.port, "meters/d/reading", ["3", "4", "5"])  # nobody subscribed right now
+        daemon = DaemonProcess(cfg, mport, tmp_path)
+        daemon.wait_connected()
+        wait_for(lambda: daemon.metrics()["tops_readings_total{result=ok}"] == 3, 10, what="queued readings")
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    row = json.loads(tops("state", "--data-dir", str(tmp_path / "state"), "--json").stdout)[0]
+    assert (row["stream"], row["ticks"], row["released"]) == ("d", 5, 5)
