@@ -473,7 +473,7 @@ _TEMPLATE_FLAGS = {"epsilon": float, "bound": float, "holdout": int, "range": in
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", metavar="TOML", help="configuration file (see deploy/CONFIG.md); "
+    parser.add_argument("--config", "-c", metavar="TOML", help="configuration file (see the README); "
                         "without it: readings on stdin, JSONL releases on stdout")
     for flag, kind in _TEMPLATE_FLAGS.items():
         parser.add_argument(f"--{flag}", type=kind, default=None,
