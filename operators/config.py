@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SMOOTHERS", "ConfigError", "ToPSConfig", "tree_height"]
+__all__ = ["SMOOTHERS", "ConfigError", "ToPSConfig", "check_int_at_least", "check_positive", "tree_height"]
 
 SMOOTHERS = ("recent", "ema", "mean", "median", "moving")
 
@@ -37,7 +37,7 @@ def tree_height(query_range: int, fanout: int) -> int:
     return max(h, 1)
 
 
-def _positive(name: str, value: Any) -> None:
+def check_positive(name: str, value: Any) -> None:
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
@@ -48,7 +48,7 @@ def _positive(name: str, value: Any) -> None:
         raise ConfigError(msg)
 
 
-def _int_at_least(name: str, value: Any, low: int) -> None:
+def check_int_at_least(name: str, value: Any, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         msg = f"{name} must be an integer >= {low} (got {value!r})"
         raise ConfigError(msg)
@@ -101,21 +101,21 @@ class ToPSConfig:
     theta: float | None = None
 
     def __post_init__(self) -> None:
-        _positive("epsilon", self.epsilon)
-        _positive("bound", self.bound)
-        _positive("resolution", self.resolution)
+        check_positive("epsilon", self.epsilon)
+        check_positive("bound", self.bound)
+        check_positive("resolution", self.resolution)
         if self.bound / self.resolution > 2**40:
             msg = "bound / resolution must stay below 2^40 so that sums are exact in float64"
             raise ConfigError(msg)
         if self.bound < self.resolution:
             msg = f"bound must be at least one resolution step ({self.resolution})"
             raise ConfigError(msg)
-        _int_at_least("holdout", self.holdout, 0)
+        check_int_at_least("holdout", self.holdout, 0)
         if self.holdout > 2**31 - 1:
             msg = f"holdout must be below 2^31 (got {self.holdout})"
             raise ConfigError(msg)
-        _int_at_least("fanout", self.fanout, 2)
-        _int_at_least("query_range", self.query_range, 2)
+        check_int_at_least("fanout", self.fanout, 2)
+        check_int_at_least("query_range", self.query_range, 2)
         if self.query_range > 1 << 32:
             msg = f"query_range must be at most 2^32 (got {self.query_range})"
             raise ConfigError(msg)
@@ -130,7 +130,7 @@ class ToPSConfig:
             msg = f"smoother must be one of {', '.join(SMOOTHERS)} (got {self.smoother!r})"
             raise ConfigError(msg)
         if self.smoother_layers is not None:
-            _int_at_least("smoother_layers", self.smoother_layers, 0)
+            check_int_at_least("smoother_layers", self.smoother_layers, 0)
             if self.smoother_layers > h - 1:
                 msg = f"smoother_layers must be between 0 and h - 1 = {h - 1} (got {self.smoother_layers})"
                 raise ConfigError(msg)
@@ -141,11 +141,11 @@ class ToPSConfig:
         ):
             msg = f"alpha must be in [0, 1] (got {self.alpha!r})"
             raise ConfigError(msg)
-        _int_at_least("window", self.window, 1)
+        check_int_at_least("window", self.window, 1)
         if self.threshold_epsilon is not None:
-            _positive("threshold_epsilon", self.threshold_epsilon)
+            check_positive("threshold_epsilon", self.threshold_epsilon)
         if self.theta is not None:
-            _positive("theta", self.theta)
+            check_positive("theta", self.theta)
             if self.theta > self.bound:
                 msg = f"theta must be at most bound ({self.bound}); got {self.theta}"
                 raise ConfigError(msg)

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from operators.config import ConfigError
+from operators.config import ConfigError, check_int_at_least, check_positive
 from operators.local.hybrid import hybrid_report
 from operators.local.square_wave import (
     DensityEstimate,
@@ -55,18 +55,6 @@ __all__ = ["LOCAL_ADDRESS_HYBRID", "LOCAL_ADDRESS_SQUARE_WAVE", "ToPL", "ToPLCon
 LOCAL_ADDRESS_SQUARE_WAVE = 1  # Domain.LOCAL address of the SW uniforms (one per tick)
 LOCAL_ADDRESS_HYBRID = 2  # Domain.LOCAL address of the HM uniforms (two per tick: select, mechanism)
 _SNAPSHOT_VERSION = 1
-
-
-def _positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        msg = f"{name} must be a positive number (got {value!r})"
-        raise ConfigError(msg)
-
-
-def _int_at_least(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        msg = f"{name} must be an integer >= {low} (got {value!r})"
-        raise ConfigError(msg)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,29 +97,29 @@ class ToPLConfig:
     prune: bool = True
 
     def __post_init__(self) -> None:
-        _positive("epsilon", self.epsilon)
+        check_positive("epsilon", self.epsilon)
         if self.epsilon >= 700:
             msg = f"epsilon must be below 700 (got {self.epsilon!r})"
             raise ConfigError(msg)
-        _positive("bound", self.bound)
+        check_positive("bound", self.bound)
         if self.threshold_epsilon is not None:
-            _positive("threshold_epsilon", self.threshold_epsilon)
+            check_positive("threshold_epsilon", self.threshold_epsilon)
             if self.threshold_epsilon >= 700:
                 msg = f"threshold_epsilon must be below 700 (got {self.threshold_epsilon!r})"
                 raise ConfigError(msg)
-        _int_at_least("holdout", self.holdout, 0)
-        _int_at_least("query_range", self.query_range, 1)
-        _int_at_least("buckets", self.buckets, 2)
+        check_int_at_least("holdout", self.holdout, 0)
+        check_int_at_least("query_range", self.query_range, 1)
+        check_int_at_least("buckets", self.buckets, 2)
         if self.buckets > 1 << 16:
             msg = f"buckets must be at most 65536 (got {self.buckets})"
             raise ConfigError(msg)
         if self.resolution is not None:
-            _positive("resolution", self.resolution)
+            check_positive("resolution", self.resolution)
             if self.bound / self.resolution < 2:
                 msg = f"bound must be at least two resolution steps ({2 * self.resolution})"
                 raise ConfigError(msg)
         if self.theta is not None:
-            _positive("theta", self.theta)
+            check_positive("theta", self.theta)
             if self.theta > self.bound:
                 msg = f"theta must be at most bound ({self.bound}); got {self.theta}"
                 raise ConfigError(msg)
