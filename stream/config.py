@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from operators import ConfigError, ToPSConfig
+from operators import ConfigError, ToPS, ToPSConfig
 from stream.errors import ConfigFileError
 
 __all__ = ["SCHEMA", "DaemonConfig", "Field", "build_config", "load_config"]
@@ -44,6 +44,18 @@ DEFAULT_DATA_DIR = (
     "/var/lib/tops" if os.geteuid() == 0
     else str(Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "tops")
 )
+DAEMON_METHODS = ("tops", "h16c", "flat", "counter")  # bounded state per stream: fit for a long-running daemon
+
+
+def build_operator(template: ToPSConfig, method: str, key: bytes) -> Any:
+    """The operator of one central stream: ToPS, or a baseline of ``operators.baselines`` (``tops compare``)."""
+    if method == "tops":
+        return ToPS(template, key)
+    from operators.baselines import make
+
+    return make(method, template, key)
+
+
 _DEFAULT_KEY_FILE = str(Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "tops" / "master.key")
 
 SCHEMA: dict[str, dict[str, Field]] = {
@@ -115,6 +127,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                           "Master key file (64 hex digits, mode 0600), created on first start if absent."),
         "max_streams": Field("int", 10_000, "Cap on the number of streams; new streams past it are rejected "
                              "(result `stream_cap`).", low=1),
+        "method": Field("choice", "tops", "Operator of central streams: `tops`, or a baseline of the paper with "
+                        "bounded state (`h16c`: no smoother; `flat`: per-tick Laplace; `counter`: binary-tree "
+                        "counter). The baselines have no checkpoints: they need "
+                        "`[state] data_dir = \"\"`.",
+                        choices=DAEMON_METHODS),
         "mode": Field("choice", "central", "`central`: ToPS on raw readings; `local`: ToPL, the input is "
                       "perturbed reports of devices (`tops device`) and raw readings never reach the daemon.",
                       choices=("central", "local")),
@@ -287,6 +304,9 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
         t = out[key]
         if (t or key == "topic") and ("{stream}" not in t or "+" in t or "#" in t):
             problems.append(f"[output] {key} must contain '{{stream}}' and no wildcard (got {t!r})")
+    method = sections["streams"]["method"]
+    if method != "tops" and sections["streams"]["mode"] == "local":
+        problems.append(f"[streams] method {method!r} is for central streams; mode local runs ToPL")
     if sections["streams"]["mode"] == "local" and not sections["local"]["streams"]:
         problems.append("[local] streams must name the streams of mode local (devices wait for their control message)")
     ctl = sections["local"]["control_topic"]
@@ -296,6 +316,8 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
     st["new_generation"] = [x for x in st["new_generation"] if x]
     if st["data_dir"] == "auto":
         st["data_dir"] = "" if source_path is None else DEFAULT_DATA_DIR
+    if method != "tops" and st["data_dir"]:
+        problems.append(f"[streams] method {method!r} has no checkpoints: set [state] data_dir = \"\" to run it")
     if mq["reconnect_max"] < mq["reconnect_min"]:
         problems.append("[mqtt] reconnect_max must be >= reconnect_min")
     if mq["password_file"]:

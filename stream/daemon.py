@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from operators import ToPLConfig, ToPS
+from operators import ToPLConfig
 from operators.topl_server import LocalServer
-from stream.config import STDIN_TEMPLATE, DaemonConfig, build_config, load_config
+from stream.config import STDIN_TEMPLATE, DaemonConfig, build_config, build_operator, load_config
 from stream.device import stream_control, threshold_control
 from stream.durability import Durability
 from stream.errors import ConfigFileError, PayloadError, StreamCapError
@@ -116,7 +116,8 @@ class Daemon:
         elif self.operator_factory is None:
             master = load_master_key(cfg.streams.key_file, create=True)
             template = cfg.template
-            self.operator_factory = lambda name: ToPS(template, derive_stream_key(master, name))
+            method = cfg.streams.method
+            self.operator_factory = lambda name: build_operator(template, method, derive_stream_key(master, name))
         clock = None
         if cfg.ticks.mode == "period":
             clock = PeriodClock(cfg.ticks.period, cfg.ticks.lateness if cfg.ticks.clock == "event" else 0.0)

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from operators import ToPS, ToPSConfig
+from operators import ToPSConfig
+from stream.config import build_operator
 from stream.journal import Journal
 from stream.keys import derive_stream_key, load_master_key
 from stream.router import ReleaseBatch, StreamRecord
@@ -117,7 +118,7 @@ class Durability:
         self.checkpoint_every = int(st.checkpoint_every)
         self.new_generation = set(st.new_generation)
         mode = getattr(cfg.streams, "mode", "central")
-        self.params = {"mode": mode, **cfg.template.to_dict()}
+        self.params = {"mode": mode, "method": getattr(cfg.streams, "method", "tops"), **cfg.template.to_dict()}
         self.master: bytes | None = None
         self.held: list[list[ReleaseBatch]] = []  # releases waiting for the sync of their readings
         self.acks: list[tuple[Any, int]] = []  # QoS 1 messages (client, mid) waiting for the sync
@@ -241,7 +242,7 @@ class Durability:
         adm = self.store.admit(name, self.params, new_generation=name in self.new_generation)
         if self.master is not None and not self.daemon.local:
             key: bytes | None = derive_stream_key(self.master, name, adm.generation)
-            op = ToPS(self.daemon.cfg.template, key)
+            op = build_operator(self.daemon.cfg.template, self.daemon.cfg.streams.method, key)
         else:  # local mode (the server holds no noise key) or an operator factory given by a test
             key = None
             op = self._base_factory(name)

@@ -39,6 +39,7 @@ SCHEMA_VERSION = 1
 # parameters whose change alters the privacy guarantee or the meaning of released values
 PRIVACY_KEYS = (
     "mode",
+    "method",
     "epsilon",
     "threshold_epsilon",
     "bound",

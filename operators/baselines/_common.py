@@ -155,6 +155,15 @@ class TwoPhase:
         return max(0, self.config.holdout_ticks - self.ticks)
 
     @property
+    def phase(self) -> str:
+        """``holdout`` until theta is chosen, then ``releasing`` (as the ToPS operator)."""
+        return "holdout" if self.theta_units is None else "releasing"
+
+    def process_one(self, value: float) -> float:
+        """One tick (the daemon's single-reading path)."""
+        return float(self.process(np.array([value], dtype=np.float64))[0])
+
+    @property
     def guarantee(self) -> dict[str, Any]:
         """The privacy guarantee as data: event-level; pure eps-DP unless the threshold is S-P/S-PAK."""
         cfg = self.config
