@@ -86,8 +86,6 @@ class ConsistentNoise:
         R, the nodes of the top layer (each a subtree root).
     a
         Discrete Laplace parameter of every node's noise (``exp(-(eps / L) / sensitivity)``).
-    consistent
-        ``False`` releases each leaf's raw noise (a baseline; not used by ToPS).
     """
 
     def __init__(
@@ -98,7 +96,6 @@ class ConsistentNoise:
         layers: int,
         top_nodes: int,
         a: float,
-        consistent: bool = True,
         tree: int = 0,
         leaf: int = 0,
     ) -> None:
@@ -107,7 +104,6 @@ class ConsistentNoise:
         self.layers = layers
         self.top_nodes = top_nodes
         self.a = a
-        self.consistent = consistent
         self.leaves_per_tree = top_nodes * fanout ** (layers - 1)
         self._weights = [layer_weight(j + 1, fanout) for j in range(layers)]
         self.tree = tree
@@ -213,8 +209,6 @@ class ConsistentNoise:
         return round_to_grid(out) if rounded else out
 
     def _in_tree(self, start: int, end: int) -> np.ndarray:
-        if not self.consistent:
-            return self._raw(0, start, end - start).astype(np.float64)
         b, L = self.b, self.layers
         if L == 1:
             if self._top_z is None:
