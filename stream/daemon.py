@@ -26,7 +26,7 @@ from stream.durability import Durability
 from stream.errors import ConfigFileError, PayloadError, StreamCapError
 from stream.keys import KeyFileError, derive_stream_key, load_master_key
 from stream.metrics import Metrics
-from stream.payload import decode_line, decode_payload, decode_reports
+from stream.payload import decode_line, decode_payload_columns, decode_reports
 from stream.router import ReleaseBatch, Router, StreamRecord
 from stream.sinks import PublishQueue, StdoutSink, encode_releases, encode_status
 from stream.sources import MqttLink, StdinSource, TopicRouter
@@ -225,13 +225,14 @@ class Daemon:
         self.stopping.set()
 
     # -- intake ----------------------------------------------------------------------------------------------
-    def stream_record(self, name: str) -> StreamRecord | None:
-        """The record of ``name`` (created on first sight), or None past the stream cap."""
+    def stream_record(self, name: str, now: float | None = None) -> StreamRecord | None:
+        """The record of ``name`` (created on first sight, by a reading that arrived at ``now``), or None past the
+        stream cap."""
         rec = self.router.streams.get(name)
         if rec is not None:
             return rec
         try:
-            rec = self.router.record(name)
+            rec = self.router.record(name, now)
         except StreamCapError:
             self.rejected("stream_cap", f"max_streams = {self.cfg.streams.max_streams} reached")
             return None
@@ -243,7 +244,7 @@ class Daemon:
     def on_mqtt_messages(self, messages: list[Any]) -> None:
         """Decode, validate and route a batch of MQTT messages, then process and emit."""
         now = time.time()
-        counts, router, add = self.msg_counts, self.router, self.router.add
+        counts, router, add_many = self.msg_counts, self.router, self.router.add_many
         limit, topic_stream, streams = self.cfg.input.max_payload_bytes, self.topics.stream, router.streams
         for m in messages:
             payload = m.payload
@@ -262,27 +263,26 @@ class Daemon:
                 self.on_reports(name, payload, now)
                 continue
             try:
-                readings, bad = decode_payload(payload)
+                values, ts, seqs, bad = decode_payload_columns(payload)
             except PayloadError as exc:
                 counts["invalid"] += 1
                 self.rejected("invalid", exc.reason, f"message for stream {name!r}")
                 continue
-            if not readings:  # a batch without one valid element
+            if not values:  # a batch without one valid element
                 counts["invalid"] += 1
                 self.rejected("invalid", "batch elements that are not finite numbers >= 0", f"message for {name!r}")
                 continue
-            rec = streams.get(name) or self.stream_record(name)
+            rec = streams.get(name) or self.stream_record(name, now)
             if rec is None:
                 counts["stream_cap"] += 1
-                self.cap_readings += len(readings)
+                self.cap_readings += len(values)
                 continue
             counts["ok"] += 1
             if bad:
                 router.counts["invalid"] += bad
                 self.rejected("invalid", "batch elements that are not finite numbers >= 0",
                               f"readings for stream {name!r}")
-            for _, value, ts, seq in readings:
-                add(rec, value, ts, seq, now)
+            add_many(rec, values, ts, seqs, now)
         self.step()
 
     def on_reports(self, name: str, payload: bytes, now: float) -> None:
@@ -333,7 +333,7 @@ class Daemon:
             if bad:
                 router.counts["invalid"] += bad
             for name, value, ts, seq in readings:
-                rec = self.stream_record(name or default)
+                rec = self.stream_record(name or default, now)
                 if rec is None:
                     self.cap_readings += 1
                     continue

@@ -5,7 +5,8 @@ restores every stored stream eagerly through the privacy ledger (changed privacy
 new generation is asked for), puts the stored outbox back into the publish queue, re-processes the journal since the
 last checkpoint (re-producing byte-identical releases, published again) and checkpoints.
 
-While running, every accepted reading is appended to the journal (``Router.add`` is wrapped) before it is processed;
+While running, every accepted reading is appended to the journal (``Router.add`` and ``Router.add_many`` are
+wrapped; the readings of one message make one line) before it is processed;
 ``sync_loop`` makes batches of them durable (write + fsync in a worker thread). Releases and status messages are
 *held* until the readings they depend on are durable, and QoS 1 messages are acknowledged only then; so whatever
 leaves the process can be re-produced from the journal, and a release is never made twice with different values.
@@ -121,7 +122,7 @@ class Durability:
         self.params = {"mode": mode, "method": getattr(cfg.streams, "method", "tops"), **cfg.template.to_dict()}
         self.master: bytes | None = None
         self.held: list[list[ReleaseBatch]] = []  # releases waiting for the sync of their readings
-        self.acks: list[tuple[Any, int]] = []  # QoS 1 messages (client, mid) waiting for the sync
+        self.acks: list[tuple[Any, list[int]]] = []  # QoS 1 messages (client, mids of a batch) waiting for the sync
         self.changed: set[str] = set()  # streams whose state changed since the last checkpoint
         self.saved_in_holdout: set[str] = set()  # streams whose stored state holds a holdout histogram
         self.restored: dict[str, dict[str, Any]] = {}
@@ -137,6 +138,7 @@ class Durability:
         self.synced_readings = 0
         self._base_factory = daemon.router.factory
         self._add = daemon.router.add
+        self._add_many = daemon.router.add_many
         # periods on the wall clock: the arrival time decides the period, whatever the reading's ts
         self._arrival_time = daemon.router.clock is not None and not daemon.router.event_time
         self._record = daemon.router.record
@@ -196,7 +198,9 @@ class Durability:
 
             def on_messages(batch: list[Any]) -> None:
                 client = link.client
-                self.acks.extend((client, m.mid) for m in batch if m.qos)
+                mids = [m.mid for m in batch if m.qos]
+                if mids:
+                    self.acks.append((client, mids))
                 orig(batch)
 
             link.on_messages = on_messages
@@ -260,8 +264,8 @@ class Durability:
             self.saved_in_holdout.add(name)
         return op
 
-    def record(self, name: str) -> StreamRecord:
-        rec = self._record(name)
+    def record(self, name: str, now: float | None = None) -> StreamRecord:
+        rec = self._record(name, now)
         state = self.restored.pop(name, None)
         if state is not None:
             apply_state(rec, state)
@@ -276,6 +280,22 @@ class Durability:
             self.journal.append_json(rec.name_json, value, t, seq)
             self.changed.add(rec.name)
         return result
+
+    def journaled_add_many(self, rec: StreamRecord, values: list[float], ts: list[float | None] | None,
+                           seqs: list[int | None] | None, now: float) -> list[int] | None:
+        """``Router.add_many``, then the accepted readings of the message go to the journal as one line (each with
+        the time its tick was decided by, as in :meth:`journaled_add`)."""
+        kept = self._add_many(rec, values, ts, seqs, now)
+        if kept is not None:
+            if not kept:
+                return kept
+            values = [values[i] for i in kept]
+            ts = None if ts is None else [ts[i] for i in kept]
+            seqs = None if seqs is None else [seqs[i] for i in kept]
+        t: float | list[float] = now if ts is None or self._arrival_time else [now if x is None else x for x in ts]
+        self.journal.append_many(rec.name_json, values, t, seqs)
+        self.changed.add(rec.name)
+        return kept
 
     # -- holding releases until their readings are durable ------------------------------------------------------
     def hold(self, batches: list[ReleaseBatch]) -> bool:
@@ -301,7 +321,7 @@ class Durability:
         finally:
             self.releasing = False
 
-    def _ack(self, acks: list[tuple[Any, int]]) -> None:
+    def _ack(self, acks: list[tuple[Any, list[int]]]) -> None:
         link = self.daemon.link
         if acks and link is not None:
             link.ack(acks)
@@ -403,6 +423,7 @@ class Durability:
     def begin_intake(self) -> None:
         """From now on every accepted reading is appended to the journal."""
         self.router.add = self.journaled_add  # type: ignore[method-assign]
+        self.router.add_many = self.journaled_add_many  # type: ignore[method-assign]
 
     def close(self) -> None:
         """The last checkpoint is taken by the drain; close the files."""

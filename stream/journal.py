@@ -1,6 +1,9 @@
 """The input journal: a reading is *accepted* once it is appended here and synced to disk.
 
-Segments ``seg-<n>.log`` (mode 0600: readings are private data at rest) hold one JSON line per accepted reading.
+Segments ``seg-<n>.log`` (mode 0600: readings are private data at rest) hold one JSON line per accepted reading,
+or per accepted message with several readings (``"v"`` an array; ``"t"`` one time for all or an array; ``"q"``
+absent or an array, ``null`` for a reading without ``seq``). A line is written whole or not at all as far as replay
+goes: a torn line yields none of its readings.
 Appends are buffered and synced in batches (``sync``); only after a sync does the daemon acknowledge QoS 1 messages.
 A checkpoint rotates to a new segment first, so the checkpoint covers exactly the segments before it; a restart
 re-processes the segments from the checkpoint's position on (re-producing byte-identical releases from the keyed
@@ -18,6 +21,9 @@ never acknowledged) is skipped.
 >>> restarted = Journal.open(d)    # after a crash: re-process what the checkpoint does not cover
 >>> [(r.stream, r.seq) for r in restarted.replay(covered)]
 [('meter-1', 2)]
+>>> restarted.append_many('"meter-2"', [1.0, 2.5], 12.5, None); _ = restarted.sync()
+>>> [(r.value, r.ts, r.seq) for r in Journal.open(d).replay(covered)][-2:]
+[(1.0, 12.5, None), (2.5, 12.5, None)]
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pathlib import Path
 __all__ = ["Journal", "JournalRecord"]
 
 _SEGMENT = re.compile(r"^seg-(\d{12})\.log$")
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +100,30 @@ class Journal:
             self.pending_records += 1
         else:
             self.append(json.loads(stream_json), value, ts=ts, seq=seq)
+
+    def append_many(self, stream_json: str, values: list[float], ts: float | list[float],
+                    seqs: list[int | None] | None) -> None:
+        """Buffer the accepted readings of one message as one line (one reading: the line of :meth:`append_json`);
+        ``ts`` is one time for all of them or one per reading, ``seqs`` None when none has a ``seq``."""
+        n = len(values)
+        if n == 1:
+            self.append_json(stream_json, values[0], ts if type(ts) is float else ts[0],  # type: ignore[index]
+                             None if seqs is None else seqs[0])
+            return
+        if not n:
+            return
+        total = sum(values)
+        if seqs is None and type(ts) is float and math.isfinite(ts) and total - total == 0.0:
+            if ts is not self._ts_obj:
+                self._ts_obj, self._ts_repr = ts, repr(ts)
+            self._buf.append(f'{{"s":{stream_json},"v":[{",".join(map(repr, values))}],"t":{self._ts_repr}}}\n'
+                             .encode())
+        else:  # per-reading times or seqs (or a non-finite number): the general encoder, same format
+            rec: dict[str, object] = {"s": json.loads(stream_json), "v": values, "t": ts}
+            if seqs is not None:
+                rec["q"] = seqs
+            self._buf.append(_dumps(rec).encode() + b"\n")
+        self.pending_records += n
 
     def sync(self, *, fsync: bool = True) -> int:
         """Write the buffered readings and (by default) fsync them; returns how many were made durable."""
@@ -157,13 +188,32 @@ class Journal:
                 continue
             try:
                 rec = json.loads(line)
-                yield JournalRecord(str(rec["s"]), float(rec["v"]), float(rec["t"]), rec.get("q"))
+                v = rec["v"]
+                if type(v) is not list:
+                    one = JournalRecord(str(rec["s"]), float(v), float(rec["t"]), rec.get("q"))
+                else:
+                    many = _records(str(rec["s"]), v, rec["t"], rec.get("q"))
             except (ValueError, KeyError, TypeError):
                 if k == len(lines) - 1:  # a torn tail: never synced, never acknowledged
                     return
                 msg = f"journal segment {path.name} is corrupt at line {k + 1}"
                 raise ValueError(msg) from None
+            if type(v) is not list:
+                yield one
+            else:
+                yield from many
 
     def close(self) -> None:
         self.sync()
         os.close(self._fd)
+
+
+def _records(stream: str, values: list[object], ts: object, seqs: object) -> list[JournalRecord]:
+    """The readings of a multi-reading line, all or none (ValueError/TypeError when the line is not well formed)."""
+    n = len(values)
+    times = ts if type(ts) is list else [ts] * n
+    seq = seqs if type(seqs) is list else [seqs] * n
+    if not n or len(times) != n or len(seq) != n:
+        raise ValueError
+    return [JournalRecord(stream, float(v), float(t), q)  # type: ignore[arg-type]
+            for v, t, q in zip(values, times, seq, strict=True)]

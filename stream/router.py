@@ -80,8 +80,9 @@ class Router:
         self.latencies: list[float] = []
         self.status_now: list[StreamRecord] = []  # new streams and phase changes: status goes out at once
 
-    def record(self, name: str) -> StreamRecord:
-        """The stream's record, created on first sight; :class:`StreamCapError` past the cap."""
+    def record(self, name: str, now: float | None = None) -> StreamRecord:
+        """The stream's record, created on first sight; :class:`StreamCapError` past the cap. ``now``: the time
+        of the reading that creates it (its periods open from there; default: the clock now)."""
         rec = self.streams.get(name)
         if rec is not None:
             return rec
@@ -91,7 +92,7 @@ class Router:
         op = self.factory(name)
         rec = StreamRecord(name=name, operator=op, name_json=json.dumps(name), phase=op.phase)
         if self.clock is not None:
-            rec.bins = PeriodBins(self.clock.last_closable(time.time()) + 1)
+            rec.bins = PeriodBins(self.clock.last_closable(time.time() if now is None else now) + 1)
         self.streams[name] = rec
         if rec.phase == "holdout":
             self.in_holdout += 1
@@ -126,6 +127,27 @@ class Router:
         self.counts["ok"] += 1
         self.dirty[rec.name] = rec
         return "ok"
+
+    _accept = add  # the router's own add (durable state wraps ``add`` and ``add_many`` on the instance)
+
+    def add_many(self, rec: StreamRecord, values: list[float], ts: list[float | None] | None,
+                 seqs: list[int | None] | None, now: float) -> list[int] | None:
+        """:meth:`add` for the readings of one message, as columns (``ts``/``seqs`` None: no reading carries one);
+        returns the indexes of the accepted readings, or None when all of them were accepted.
+
+        Readings without ts and seq in mode ``reading`` (the common batch) are taken without a call per reading."""
+        if (ts is None and seqs is None and rec.bins is None
+                and not (rec.phase == "holdout" and getattr(rec.operator, "takes_reports", False))):
+            if values:
+                rec.pending += values
+                rec.pending_ts += [now] * len(values)
+                self.counts["ok"] += len(values)
+                self.dirty[rec.name] = rec
+            return None
+        accept = self._accept
+        kept = [i for i, v in enumerate(values)
+                if accept(rec, v, None if ts is None else ts[i], None if seqs is None else seqs[i], now) == "ok"]
+        return None if len(kept) == len(values) else kept
 
     def _holdout_report(self, rec: StreamRecord, value: float, seq: int | None) -> None:
         """Local mode: a holdout report feeds the threshold estimate directly; it is not a tick."""
@@ -164,8 +186,10 @@ class Router:
         self.ticks_total += n
         batch = None
         if op.phase != "holdout":
-            idx = [i for i, v in enumerate(out) if v == v]  # not NaN
-            if idx:
+            total = sum(out)
+            if total == total:  # no NaN among them (a NaN makes the sum NaN): every tick is released
+                batch = ReleaseBatch(rec, list(range(first, first + n)), ts, out, float(op.theta))
+            elif idx := [i for i, v in enumerate(out) if v == v]:  # not NaN
                 batch = ReleaseBatch(rec, [first + i for i in idx], [ts[i] for i in idx], [out[i] for i in idx],
                                      float(op.theta))
         if op.phase != rec.phase:

@@ -24,6 +24,14 @@ def encode_releases(batch: ReleaseBatch, epsilon: float) -> list[str]:
     """
     head = f'{{"stream":{batch.record.name_json},"tick":'
     tail = f',"epsilon":{float(epsilon)!r},"theta":{batch.theta!r}}}'
+    ts = batch.ts
+    if ts and ts[0] != 0.0 and ts.count(ts[0]) == len(ts):
+        # one time for all (the readings of one step): formatted once. Equal floats other than +-0 have one repr.
+        mid = f',"ts":{ts[0]!r},"value":'
+        if len(batch.values) != len(ts) or len(batch.ticks) != len(ts):
+            msg = "release batch columns differ in length"
+            raise ValueError(msg)
+        return [f'{head}{t}{mid}{v!r}{tail}' for t, v in zip(batch.ticks, batch.values, strict=True)]
     return [f'{head}{t},"ts":{ts!r},"value":{v!r}{tail}' for t, ts, v in zip(batch.ticks, batch.ts, batch.values,
                                                                            strict=True)]
 

@@ -14,6 +14,7 @@ import logging
 import random
 import socket
 import ssl
+import struct
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -28,11 +29,13 @@ from stream.metrics import Metrics
 from stream.payload import check_stream_name
 from stream.sinks import PublishQueue
 
-__all__ = ["MqttLink", "StdinSource", "TopicRouter", "backoff_delay"]
+__all__ = ["MqttLink", "ReadAheadSocket", "StdinSource", "TopicRouter", "backoff_delay"]
 
 log = logging.getLogger("tops.mqtt")
 
 Message = tuple[str, bytes, bool, int]  # topic, payload, retain, releases carried
+_PUBACK = 0x40  # MQTT control packet type PUBACK (as paho's PUBACK), remaining length 2, then the message id
+_PUBACK_HEAD = ((_PUBACK << 8) | 2) << 16
 
 
 def backoff_delay(attempt: int, low: float, high: float) -> float:
@@ -93,6 +96,40 @@ def _tls_context(settings: Any) -> ssl.SSLContext | None:
     return ctx
 
 
+class ReadAheadSocket:
+    """The broker socket as paho-mqtt sees it, reading ahead: paho reads a packet in three ``recv`` calls (type,
+    length, rest), one system call each; this takes what the kernel has in one call and serves paho from it.
+
+    ``pending()`` counts the bytes read ahead, so aiomqtt's reader callback keeps calling ``loop_read`` until they
+    are consumed (as it does for TLS sockets); everything else is the wrapped socket's."""
+
+    def __init__(self, sock: Any, chunk: int = 1 << 16) -> None:
+        self._sock = sock
+        self._chunk = chunk
+        self._data = b""
+        self._pos = 0
+
+    def recv(self, n: int) -> bytes:
+        data, pos = self._data, self._pos
+        if pos < len(data):
+            out = data[pos:pos + n]
+            self._pos = pos + len(out)
+            return out
+        data = self._sock.recv(max(n, self._chunk))  # BlockingIOError, TLS "want read", b"" at EOF: as they are
+        if len(data) <= n:
+            self._data, self._pos = b"", 0
+            return data
+        self._data, self._pos = data, n
+        return data[:n]
+
+    def pending(self) -> int:
+        inner = getattr(self._sock, "pending", None)
+        return len(self._data) - self._pos + (inner() if inner is not None else 0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
 class MqttLink:
     """The broker connection of the daemon; ``run()`` is its one long-lived task."""
 
@@ -140,18 +177,25 @@ class MqttLink:
     def queue_depth(self) -> int:
         return self.queue.qsize() if self.queue is not None else 0
 
-    def ack(self, pending: list[tuple[Any, int]]) -> int:
-        """Acknowledge received QoS 1 messages ``(client, mid)``; those of an earlier connection are skipped (the
+    def ack(self, pending: list[tuple[Any, list[int]]]) -> int:
+        """Acknowledge received QoS 1 messages ``(client, mids)``; those of an earlier connection are skipped (the
         broker redelivers them). Returns how many were acknowledged."""
-        client, n = self.client, 0
+        client = self.client
         if client is None or not self.connected.is_set():
             return 0
         paho = client._client  # private: paho-mqtt 2 manual acknowledgements (aiomqtt 2.x has no API for it)
-        for c, mid in pending:
-            if c is client:
+        mids = [mid for c, batch in pending if c is client for mid in batch]
+        if not mids:
+            return 0
+        queue = getattr(paho, "_packet_queue", None)
+        if queue is None or not getattr(paho, "_manual_ack", False):
+            for mid in mids:
                 paho.ack(mid, 1)
-                n += 1
-        return n
+        else:
+            # The PUBACKs paho's ack(mid, 1) would queue one by one (4 bytes each: 0x40, 2, mid), in their order,
+            # queued as one write (private: paho-mqtt 2's packet queue).
+            queue(_PUBACK, struct.pack(f"!{len(mids)}I", *[_PUBACK_HEAD | mid for mid in mids]), 0, 1)
+        return len(mids)
 
     def take_published(self) -> int:
         n, self.published_releases = self.published_releases, 0
@@ -175,8 +219,24 @@ class MqttLink:
             identifier=client_id, keepalive=s.keepalive, timeout=s.timeout,
             tls_context=_tls_context(s), tls_insecure=s.tls_insecure if s.tls else None,
             queue_type=lambda maxsize=0: queue,  # type: ignore[arg-type,misc]  # keep a handle on the queue
-            max_inflight_messages=self.window, **session,
+            # 0: no limit inside paho. The window is enforced by _publish (it never hands paho more than `window`
+            # unconfirmed messages), and with a limit paho scans every in-flight message on each PUBACK.
+            max_inflight_messages=0, **session,
         )
+        paho = client._client  # private: paho-mqtt 2 under aiomqtt 2.x
+        create_socket = paho._create_socket
+        paho._create_socket = lambda: ReadAheadSocket(create_socket())
+        packet_queue = paho._packet_queue
+
+        def queue_packet(command: int, packet: bytes | bytearray, mid: int, qos: int, info: Any = None) -> Any:
+            # paho writes the rest of a packet as packet[pos:], a copy on every partial write (quadratic for the
+            # large payloads of batched releases); a view of the same bytes is sliced without copying.
+            return packet_queue(command, memoryview(packet) if len(packet) > 4096 else packet, mid, qos, info)
+
+        paho._packet_queue = queue_packet
+        # Releases are published through paho directly (never aiomqtt's publish(), which waits on this callback):
+        # without it paho skips building a reason code and properties for every message written.
+        paho.on_publish = None
         if self.manual_ack:
             client._client.manual_ack_set(True)  # private: paho-mqtt 2, before connecting
             aiomqtt_on_connect = client._client.on_connect

@@ -293,3 +293,41 @@ def test_defaults_line_without_config() -> None:
     cfg = daemon_mod.config_from_args(p.parse_args(["--bound", "300"]))
     line = daemon_mod.describe_defaults(cfg)
     assert "epsilon=1 bound=300 holdout=1000" in line and cfg.metrics.port == 0
+
+
+def test_read_ahead_socket_serves_small_reads_from_one_recv() -> None:
+    """paho's reads of 1, 1 and n bytes come from one system call; what is read ahead shows in pending(); a
+    non-blocking "no data" and the end of the stream pass through unchanged."""
+    from stream.sources import ReadAheadSocket
+
+    class Sock:
+        def __init__(self, chunks: list[bytes | type[Exception]]) -> None:
+            self.chunks, self.calls = chunks, 0
+
+        def recv(self, n: int) -> bytes:
+            self.calls += 1
+            c = self.chunks.pop(0)
+            if isinstance(c, type):
+                raise c
+            return c
+
+        def fileno(self) -> int:
+            return 7
+
+    inner = Sock([b"\x30\x03abc\x40\x02\x00", BlockingIOError, b"\x05", b""])
+    s = ReadAheadSocket(inner)
+    assert s.fileno() == 7
+    assert [s.recv(1), s.recv(1), s.recv(3)] == [b"\x30", b"\x03", b"abc"] and inner.calls == 1
+    assert s.pending() == 3 and s.recv(10) == b"\x40\x02\x00" and s.pending() == 0
+    with pytest.raises(BlockingIOError):
+        s.recv(1)
+    assert s.recv(1) == b"\x05" and s.recv(1) == b"" and inner.calls == 4
+
+
+def test_a_stream_created_by_a_reading_opens_its_periods_at_that_reading() -> None:
+    """A big batch shares one arrival time: a stream created late in it (the wall clock already in the next period)
+    still takes its first reading into the reading's period, not as late."""
+    r = Router(lambda _: FakeOperator(), 10, clock=PeriodClock(1.0))
+    rec = r.record("s", 99.9)  # created while processing a reading that arrived at 99.9
+    assert rec.bins is not None and rec.bins.first == 99
+    assert r.add_many(rec, [1.0, 2.0], None, None, 99.9) is None and rec.bins.bins == {99: 3.0}

@@ -122,3 +122,33 @@ def test_sqlite_wal_mode(tmp_path: Path) -> None:
     Store.open(tmp_path / "state.db").close()
     mode = sqlite3.connect(tmp_path / "state.db").execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
+
+
+def test_journal_lines_of_several_readings_replay_all_or_none(tmp_path: Path) -> None:
+    """One line per message: its readings come back in order with their own time and seq; a torn last line gives
+    none of its readings; a line that does not hold together in the middle stops the replay."""
+    j = Journal.open(tmp_path)
+    j.append_many('"a"', [1.0, 2.5, 0.0], 100.25, None)
+    j.append_many('"b"', [4.0, 5.0], [7.0, 8.5], [3, None])  # per-reading times, one reading without seq
+    j.append_many('"a"', [6.0], 101.0, [9])  # one reading: the line of a single reading
+    j.append_json('"c"', 7.0, 102.0, None)
+    assert j.sync() == 7
+    seg = tmp_path / f"seg-{j.segment:012d}.log"
+    lines = seg.read_bytes().splitlines()
+    assert len(lines) == 4 and json.loads(lines[2]) == {"s": "a", "v": 6.0, "t": 101.0, "q": 9}
+    want = [("a", 1.0, 100.25, None), ("a", 2.5, 100.25, None), ("a", 0.0, 100.25, None), ("b", 4.0, 7.0, 3),
+            ("b", 5.0, 8.5, None), ("a", 6.0, 101.0, 9), ("c", 7.0, 102.0, None)]
+    with open(seg, "ab") as f:
+        f.write(b'{"s":"a","v":[8.0,9.0],"t":10')  # torn in the middle of a write: none of its readings
+    j2 = Journal.open(tmp_path)
+    assert [(r.stream, r.value, r.ts, r.seq) for r in j2.replay(0)] == want
+    with open(seg, "ab") as f:
+        f.write(b'3.0}\n')  # now complete: both readings
+    assert [r.value for r in Journal.open(tmp_path).replay(0)][-2:] == [8.0, 9.0]
+    for bad in (b'{"s":"a","v":[1.0,2.0],"t":[1.0]}', b'{"s":"a","v":[1.0],"t":1.0,"q":[1,2]}',
+                b'{"s":"a","v":[],"t":1.0}', b'{"s":"a","v":[1.0,"x"],"t":1.0}'):
+        seg.write_bytes(bad + b"\n" + lines[0] + b"\n")
+        with pytest.raises(ValueError, match="corrupt at line 1"):
+            list(Journal.open(tmp_path).replay(0))
+        seg.write_bytes(lines[0] + b"\n" + bad)  # the same as a torn tail: skipped
+        assert len(list(Journal.open(tmp_path).replay(0))) == 3
