@@ -141,25 +141,32 @@ def _decode_doc(doc: Any, with_stream: bool) -> tuple[list[Reading], int]:
     raise PayloadError(msg)
 
 
+def _number_or_text(data: bytes) -> float | str:
+    """A payload that is a plain number (fast path: ``float()`` accepts bytes), else its UTF-8 text."""
+    try:
+        v = float(data)
+    except (ValueError, TypeError):
+        pass
+    else:
+        if math.isfinite(v) and v >= 0:
+            return v
+        raise PayloadError(_BAD_VALUE)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        msg = "payload is not UTF-8"
+        raise PayloadError(msg) from None
+
+
 def decode_payload(data: bytes) -> tuple[list[Reading], int]:
     """Readings of one MQTT payload and the number of invalid batch elements (a ``stream`` key is ignored).
 
     Raises :class:`PayloadError` when nothing in the payload can be read.
     """
-    try:
-        v = float(data)  # fast path: a plain number (float() accepts bytes)
-    except (ValueError, TypeError):
-        pass
-    else:
-        if math.isfinite(v) and v >= 0:
-            return [(None, v, None, None)], 0
-        raise PayloadError(_BAD_VALUE)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        msg = "payload is not UTF-8"
-        raise PayloadError(msg) from None
-    return _decode_json(text, with_stream=False)
+    x = _number_or_text(data)
+    if isinstance(x, float):
+        return [(None, x, None, None)], 0
+    return _decode_json(x, with_stream=False)
 
 
 def decode_payload_columns(data: bytes) -> tuple[list[float], list[float | None] | None, list[int | None] | None,
@@ -172,20 +179,10 @@ def decode_payload_columns(data: bytes) -> tuple[list[float], list[float | None]
     >>> decode_payload_columns(b'[4, {"value": 5, "seq": 9}]')
     ([4.0, 5.0], None, [None, 9], 0)
     """
-    try:
-        v = float(data)
-    except (ValueError, TypeError):
-        pass
-    else:
-        if math.isfinite(v) and v >= 0:
-            return [v], None, None, 0
-        raise PayloadError(_BAD_VALUE)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        msg = "payload is not UTF-8"
-        raise PayloadError(msg) from None
-    doc = _load(text)
+    x = _number_or_text(data)
+    if isinstance(x, float):
+        return [x], None, None, 0
+    doc = _load(x)
     if type(doc) is list and doc:
         values = _plain_values(doc)
         if values is not None:
