@@ -24,7 +24,7 @@ from stream.config import STDIN_TEMPLATE, DaemonConfig, build_config, build_oper
 from stream.device import stream_control, threshold_control
 from stream.durability import Durability
 from stream.errors import ConfigFileError, PayloadError, StreamCapError
-from stream.keys import KeyFileError, derive_stream_key, load_master_key
+from stream.keys import KeyFileError, derive_stream_key, load_master_key, new_identity
 from stream.metrics import Metrics
 from stream.payload import decode_line, decode_payload_columns, decode_reports
 from stream.router import ReleaseBatch, Router, StreamRecord
@@ -75,7 +75,8 @@ class Daemon:
         self.stdout = StdoutSink(stdout) if "stdout" in cfg.output.sinks else None
         self.operator_factory = operator_factory
         self.install_signals = install_signals
-        self.metrics = Metrics()
+        # period counts: the number of events is the protected value, so no metric may count them
+        self.metrics = Metrics(counts_protected=cfg.ticks.mode == "period" and cfg.ticks.aggregate == "count")
         self.stopping = asyncio.Event()
         self.rejected = RateLimitedLog()
         self.msg_counts = dict.fromkeys(("ok", "invalid", "too_large", "invalid_topic", "stream_cap"), 0)
@@ -88,6 +89,14 @@ class Daemon:
         self.stdin_done = asyncio.Event()
         self._signals = 0
         self.durable: Durability | None = None  # durable state ([state] data_dir), see stream/durability.py
+        # stream keys derive from this run's random identity, or from the state store's (stream/keys.py)
+        self.identity = new_identity()
+        self.identity_durable = False
+
+    def set_identity(self, identity: str, *, durable: bool) -> None:
+        """Use the state store's identity instead of the run's (called before any stream exists)."""
+        assert not self.router.streams, "the identity must be fixed before the first stream"
+        self.identity, self.identity_durable = identity, durable
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def serve(self) -> int:
@@ -117,7 +126,8 @@ class Daemon:
             master = load_master_key(cfg.streams.key_file, create=True)
             template = cfg.template
             method = cfg.streams.method
-            self.operator_factory = lambda name: build_operator(template, method, derive_stream_key(master, name))
+            self.operator_factory = lambda name: build_operator(
+                template, method, derive_stream_key(master, name, identity=self.identity))
         clock = None
         if cfg.ticks.mode == "period":
             clock = PeriodClock(cfg.ticks.period, cfg.ticks.lateness if cfg.ticks.clock == "event" else 0.0)
@@ -147,6 +157,7 @@ class Daemon:
             m.watch(m.incoming_queue, lambda: stdin.queue.qsize())
         if cfg.state.data_dir:  # restore the stored streams, re-process the journal, checkpoint
             self.durable = Durability.open(self)
+        self.announce_identity()
         m.serve(cfg.metrics.host, cfg.metrics.port)
         if self.install_signals:
             loop = asyncio.get_running_loop()
@@ -159,6 +170,12 @@ class Daemon:
         log.info("started: input %s, sinks %s, ticks %s, metrics %s", cfg.input.source,
                  ",".join(cfg.output.sinks), cfg.ticks.mode,
                  f"{cfg.metrics.host}:{cfg.metrics.port}" if cfg.metrics.port else "off")
+
+    def announce_identity(self) -> None:
+        """One line on stderr with the identity the stream keys derive from (also in every status message)."""
+        what = "state store identity" if self.identity_durable else "run identity (no durable state: new every run)"
+        print(f"tops: {what} {self.identity}; tops replay --key-file KEY --identity {self.identity} --stream NAME "
+              f"reproduces a stream's releases", file=sys.stderr, flush=True)
 
     def start_loops(self, tg: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
         """Start the long-lived tasks; returns the ones to cancel after the drain."""
@@ -237,6 +254,7 @@ class Daemon:
             self.rejected("stream_cap", f"max_streams = {self.cfg.streams.max_streams} reached")
             return None
         rec.topic = self.cfg.output.topic.replace("{stream}", name)
+        rec.identity = self.identity
         if self.cfg.output.status_topic:
             rec.status_topic = self.cfg.output.status_topic.replace("{stream}", name)
         return rec
@@ -441,13 +459,12 @@ class Daemon:
         m = self.metrics
         for result, n in self.msg_counts.items():
             if n:
-                m.messages.labels(result).inc(n)
+                m.count(m.messages, result, n)
                 self.msg_counts[result] = 0
         for result, n in self.router.take_counts().items():
-            if n:
-                m.readings.labels(result).inc(n)
+            m.count(m.readings, result, n)
         if self.cap_readings:
-            m.readings.labels("stream_cap").inc(self.cap_readings)
+            m.count(m.readings, "stream_cap", self.cap_readings)
             self.cap_readings = 0
         if self.router.ticks_processed:
             m.ticks.inc(self.router.ticks_processed)

@@ -175,6 +175,9 @@ class Durability:
         return self
 
     def _bind_key(self) -> None:
+        # the store's identity replaces the run's: restarts on this store derive the same keys (and reproduce their
+        # releases bit for bit); a new or lost store is a new identity, so its keys never meet the old data
+        self.daemon.set_identity(self.store.identity, durable=True)
         if getattr(self.daemon, "local", False):  # local mode: the server holds no key
             return
         self.master = load_master_key(self.daemon.cfg.streams.key_file, create=True)
@@ -236,8 +239,10 @@ class Durability:
         router.take_counts()  # replayed readings were counted by the process that accepted them
         self.ticks_at_checkpoint = router.ticks_total
         self.checkpoint()
-        log.info("state: %d streams restored, %d journaled readings re-processed%s, %d stored messages requeued "
-                 "(%.2f s)", len(stored), n, f" ({skipped} for streams past the cap)" if skipped else "",
+        # with period counts the number of readings is the protected value: the log does not say it
+        readings = "journaled readings" if daemon.metrics.counts_protected else f"{n} journaled readings"
+        log.info("state: %d streams restored, %s re-processed%s, %d stored messages requeued (%.2f s)",
+                 len(stored), readings, f" ({skipped} for streams past the cap)" if skipped else "",
                  len(outbox), time.perf_counter() - t0)
 
     # -- streams ------------------------------------------------------------------------------------------------
@@ -245,7 +250,8 @@ class Durability:
         """The operator of ``name``: admitted by the ledger, keyed by its generation, restored when stored."""
         adm = self.store.admit(name, self.params, new_generation=name in self.new_generation)
         if self.master is not None and not self.daemon.local:
-            key: bytes | None = derive_stream_key(self.master, name, adm.generation)
+            key: bytes | None = derive_stream_key(self.master, name, identity=self.store.identity,
+                                                   generation=adm.generation)
             op = build_operator(self.daemon.cfg.template, self.daemon.cfg.streams.method, key)
         else:  # local mode (the server holds no noise key) or an operator factory given by a test
             key = None

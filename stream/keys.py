@@ -1,16 +1,25 @@
 """Stream keys: one master key file per deployment, each stream's key derived from it with HKDF-SHA256.
 
 The master key is 64 hex digits in a file of mode 0600, created on first start if absent. A stream's 256-bit key
-is ``HKDF-SHA256(master, salt=b"tops/stream-key/v1", info=b"<generation>:" + name)``, so ``tops replay
---key-file FILE --stream NAME`` reproduces any release of the daemon offline. Keys never appear in logs,
-metrics, errors or the state store.
+is ``HKDF-SHA256(master, salt=b"tops/stream-key/v2", info=b"<identity>:<generation>:" + name)``.
 
->>> master = bytes(32)
->>> derive_stream_key(master, "meter-1") == derive_stream_key(master, "meter-1")
+**A key never meets two datasets.** The *identity* is 128 random bits drawn when a state store is created (a new
+store, or a lost one, is a new identity) or, without durable state, when a run starts. The same master key file used
+by two runs, two sites or a re-created store therefore gives unrelated noise: otherwise two runs on inputs that
+differ in one reading would release the same noise plus different data, and their difference would reveal that
+reading exactly. The identity is not secret (without the master key it says nothing): ``tops run`` prints it on
+stderr and puts it in every status message, and ``tops replay --key-file FILE --identity ID --stream NAME``
+reproduces any release offline. Keys never appear in logs, metrics, errors or the state store.
+
+>>> master, run = bytes(32), "00" * 16
+>>> derive_stream_key(master, "meter-1", identity=run) == derive_stream_key(master, "meter-1", identity=run)
 True
->>> derive_stream_key(master, "meter-1") != derive_stream_key(master, "meter-2")
+>>> derive_stream_key(master, "meter-1", identity=run) != derive_stream_key(master, "meter-2", identity=run)
 True
->>> derive_stream_key(master, "meter-1") != derive_stream_key(master, "meter-1", generation=2)
+>>> derive_stream_key(master, "meter-1", identity=run) != derive_stream_key(master, "meter-1", identity="11" * 16)
+True
+>>> derive_stream_key(master, "meter-1", identity=run) != derive_stream_key(master, "meter-1", identity=run,
+...                                                                        generation=2)
 True
 """
 
@@ -23,9 +32,24 @@ from pathlib import Path
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-__all__ = ["KeyFileError", "derive_stream_key", "load_master_key", "parse_hex_key"]
+__all__ = ["KeyFileError", "check_identity", "derive_stream_key", "load_master_key", "new_identity", "parse_hex_key"]
 
-_SALT = b"tops/stream-key/v1"
+_SALT = b"tops/stream-key/v2"
+IDENTITY_HEX = 32  # 128 bits
+
+
+def new_identity() -> str:
+    """A fresh random identity (32 hex digits) for a new state store or a run without durable state."""
+    return os.urandom(IDENTITY_HEX // 2).hex()
+
+
+def check_identity(text: str) -> str:
+    """The identity in canonical form (32 lowercase hex digits); ``ValueError`` with one clear line otherwise."""
+    t = text.strip().lower() if isinstance(text, str) else ""
+    if len(t) != IDENTITY_HEX or any(c not in "0123456789abcdef" for c in t):
+        msg = f"an identity is {IDENTITY_HEX} hex digits (as printed by tops run and in its status messages)"
+        raise ValueError(msg)
+    return t
 
 
 class KeyFileError(Exception):
@@ -45,12 +69,13 @@ def parse_hex_key(text: str) -> bytes:
         raise ValueError(msg) from None
 
 
-def derive_stream_key(master: bytes, stream: str, generation: int = 1) -> bytes:
-    """The 256-bit key of ``stream`` (generation 1 unless a new generation was asked for)."""
+def derive_stream_key(master: bytes, stream: str, *, identity: str, generation: int = 1) -> bytes:
+    """The 256-bit key of ``stream`` in the store or run ``identity`` (generation 1 unless a new generation was
+    asked for). The identity is required: a key derived without it would be the same in every run."""
     if len(master) != 32:
         msg = "the master key is 32 bytes"
         raise ValueError(msg)
-    info = f"{generation}:".encode() + stream.encode("utf-8")
+    info = f"{check_identity(identity)}:{int(generation)}:".encode() + stream.encode("utf-8")
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=_SALT, info=info).derive(master)
 
 

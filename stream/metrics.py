@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["MESSAGE_RESULTS", "READING_RESULTS", "Metrics"]
+__all__ = ["EVENT_RESULTS", "MESSAGE_RESULTS", "READING_RESULTS", "Metrics"]
 
 # Fixed label values: the label sets are bounded by construction.
 MESSAGE_RESULTS = ("ok", "invalid", "too_large", "invalid_topic", "stream_cap")
@@ -19,18 +19,31 @@ CHECKPOINT_BUCKETS = (1e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 LATENCY_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1, 0.25, 1.0)
 
 
-class Metrics:
-    """All metrics of one daemon in their own registry (several daemons can live in one test process)."""
+# Results that count accepted events. With period ticks that count events (``aggregate = "count"``) the number of
+# events IS the protected value, so these are never exported in that mode (``counts_protected``).
+EVENT_RESULTS = ("ok", "late", "duplicate")
 
-    def __init__(self) -> None:
+
+class Metrics:
+    """All metrics of one daemon in their own registry (several daemons can live in one test process).
+
+    ``counts_protected`` (count aggregation): no metric that moves with accepted events exists: the ``ok``, ``late``
+    and ``duplicate`` results of messages and readings, the journal's synced readings and the incoming queue depth.
+    What remains (rejected malformed input, ticks, releases, queues of releases) does not depend on the count.
+    """
+
+    def __init__(self, *, counts_protected: bool = False) -> None:
         r = self.registry = CollectorRegistry()
+        self.counts_protected = counts_protected
         self.messages = Counter("tops_messages", "Input messages by result.", ["result"], registry=r)
         self.readings = Counter("tops_readings", "Input readings (elements of messages) by result.", ["result"],
                                 registry=r)
         for res in MESSAGE_RESULTS:
-            self.messages.labels(res)
+            if not (counts_protected and res in EVENT_RESULTS):
+                self.messages.labels(res)
         for res in READING_RESULTS:
-            self.readings.labels(res)
+            if not (counts_protected and res in EVENT_RESULTS):
+                self.readings.labels(res)
         self.ticks = Counter("tops_ticks", "Ticks processed (holdout ticks included).", registry=r)
         self.releases = Counter("tops_releases", "Releases written or confirmed by the broker, by sink.", ["sink"],
                                 registry=r)
@@ -51,12 +64,20 @@ class Metrics:
         self.checkpoint_seconds = Histogram("tops_checkpoint_seconds", "Duration of a checkpoint of the durable "
                                             "state (intake waits meanwhile).", buckets=CHECKPOINT_BUCKETS, registry=r)
         self.journal_synced = Counter("tops_journal_synced_readings", "Readings made durable in the input journal "
-                                      "(accepted).", registry=r)
+                                      "(accepted).", registry=None if counts_protected else r)
         self._server: Any = None
 
     def watch(self, gauge: Gauge, fn: Callable[[], float]) -> None:
-        """Read a gauge from ``fn`` at scrape time."""
+        """Read a gauge from ``fn`` at scrape time (the incoming queue stays unset when counts are protected)."""
+        if self.counts_protected and gauge is self.incoming_queue:
+            self.registry.unregister(gauge)
+            return
         gauge.set_function(fn)
+
+    def count(self, counter: Counter, result: str, n: int) -> None:
+        """Add ``n`` to ``counter{result}``, unless that result counts events whose number is protected."""
+        if n and not (self.counts_protected and result in EVENT_RESULTS):
+            counter.labels(result).inc(n)
 
     def serve(self, host: str, port: int) -> None:
         """Start the HTTP endpoint (a daemon thread); port 0 means off."""

@@ -3,7 +3,7 @@
 Contract (other tools depend on it)::
 
     tops replay INPUT --epsilon E --bound B [--holdout M] [--range R] [--fanout F] [--smoother NAME]
-                [--key HEX | --key-file FILE --stream NAME] --out OUT.npy
+                [--key HEX | --key-file FILE --identity ID --stream NAME] --out OUT.npy
 
 OUT is float64 with one entry per input tick: NaN for holdout ticks, the released value otherwise. theta and s are
 printed on stderr. With ``--key-file`` and ``--stream`` the stream key is derived exactly as the daemon derives it,
@@ -21,7 +21,7 @@ import numpy as np
 
 from operators import SMOOTHERS, ConfigError, ToPS, ToPSConfig, new_key
 from stream.inputs import InputError, read_stream
-from stream.keys import KeyFileError, derive_stream_key, load_master_key, parse_hex_key
+from stream.keys import KeyFileError, check_identity, derive_stream_key, load_master_key, parse_hex_key
 
 __all__ = ["add_arguments", "config_from_args", "key_from_args", "main", "replay"]
 
@@ -69,6 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", help="the stream key, 64 hex digits (default: a fresh random key)")
     p.add_argument("--key-file", help="the daemon's master key file (with --stream)")
     p.add_argument("--stream", help="the stream name whose key to derive from --key-file")
+    p.add_argument("--identity", help="with --key-file: the run or store identity the daemon printed at start and "
+                   "puts in every status message (stream keys derive from it)")
     p.add_argument("--generation", type=int, default=1, help="the stream's key generation (default 1)")
     p.add_argument("--out", required=True, help="output .npy: NaN for holdout ticks, the release otherwise")
 
@@ -99,8 +101,17 @@ def key_from_args(args: argparse.Namespace) -> tuple[bytes, str]:
         if not args.stream:
             msg = "--key-file needs --stream NAME"
             raise ConfigError(msg)
+        if not args.identity:
+            msg = ("--key-file needs --identity ID: the run or store identity that tops run printed at start and puts "
+                   "in every status message")
+            raise ConfigError(msg)
+        try:
+            identity = check_identity(args.identity)
+        except ValueError as exc:
+            raise ConfigError(f"--identity: {exc}") from None
         master = load_master_key(args.key_file)
-        return derive_stream_key(master, args.stream, args.generation), f"derived for stream {args.stream!r}"
+        key = derive_stream_key(master, args.stream, identity=identity, generation=args.generation)
+        return key, f"derived for stream {args.stream!r}"
     if args.key:
         try:
             return parse_hex_key(args.key), "given"

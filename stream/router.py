@@ -41,13 +41,18 @@ class StreamRecord:
     bins: PeriodBins | None = None
     phase: str = "holdout"
     status_due: bool = True
+    identity: str = ""  # the run's or the store's identity its key derives from (stream/keys.py; not secret)
 
     def status(self) -> dict[str, Any]:
-        """The retained status message of this stream."""
+        """The retained status message of this stream (with the identity that ``tops replay --identity`` takes)."""
         op = self.operator
         if op.phase == "holdout":
-            return {"stream": self.name, "phase": "holdout", "holdout_left": int(op.holdout_left)}
-        return {"stream": self.name, "phase": "releasing", "theta": float(op.theta)}
+            st = {"stream": self.name, "phase": "holdout", "holdout_left": int(op.holdout_left)}
+        else:
+            st = {"stream": self.name, "phase": "releasing", "theta": float(op.theta)}
+        if self.identity:
+            st["identity"] = self.identity
+        return st
 
 
 @dataclass(slots=True)

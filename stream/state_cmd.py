@@ -79,13 +79,17 @@ def main(args: argparse.Namespace) -> int:
     try:
         store = Store.open(_data_dir(args) / "state.db", readonly=True)
         rows = store.ledger() if args.ledger else [summarize(s) for s in store.streams()]
+        identity = store.meta("identity")
         store.close()
     except StoreError as exc:
         print(f"tops state: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
+        for r in rows:
+            r["identity"] = identity
         print(json.dumps(rows, indent=2))
         return 0
+    print(f"store identity {identity} (tops replay --identity; stream keys derive from it)")
     if not rows:
         print("no streams")
         return 0

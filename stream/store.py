@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stream.keys import new_identity
+
 __all__ = ["Admission", "PrivacyParametersChanged", "Store", "StoreError"]
 
 SCHEMA_VERSION = 1
@@ -151,6 +153,13 @@ class Store:
                 if row is None:
                     conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
                     conn.execute("INSERT INTO meta VALUES ('created', ?)", (_now(),))
+                if conn.execute("SELECT value FROM meta WHERE key = 'identity'").fetchone() is None:
+                    if conn.execute("SELECT COUNT(*) FROM streams").fetchone()[0]:
+                        msg = (f"state store {p} was made by an older tops without a store identity: its streams' "
+                               f"keys would be the same as in any other run; refusing to continue it (move it away "
+                               f"and start with a new [state] data_dir)")
+                        raise StoreError(msg)
+                    conn.execute("INSERT INTO meta VALUES ('identity', ?)", (new_identity(),))
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
         except sqlite3.DatabaseError as exc:
             msg = f"state store {p} is not a readable tops store ({exc}); refusing to start"
@@ -159,6 +168,15 @@ class Store:
             msg = f"state store {p} has schema {row[0] if row else 'none'}, this tops reads {SCHEMA_VERSION}"
             raise StoreError(msg)
         return cls(p, conn)
+
+    @property
+    def identity(self) -> str:
+        """The random identity drawn when this store was created (stream keys derive from it; not secret)."""
+        ident = self.meta("identity")
+        if ident is None:
+            msg = f"state store {self.path} has no identity"
+            raise StoreError(msg)
+        return ident
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):

@@ -284,3 +284,28 @@ def daemon_config(tmp: Path, port: int, metrics_port: int, **sections: dict) -> 
             else:
                 doc.setdefault(name, {})[k] = v
     return write_toml(tmp / "tops.toml", doc)
+
+
+def identity_from_log(text: str) -> str:
+    """The run or store identity that ``tops run`` printed on stderr (the last one, after restarts)."""
+    import re
+
+    found = re.findall(r"identity ([0-9a-f]{32})", text)
+    assert found, "tops run printed no identity"
+    return found[-1]
+
+
+def find_identity(tmp: Path) -> str:
+    """The identity the streams of a test daemon under ``tmp`` derive their keys from: the state store's when it
+    exists, else the run identity in ``tmp/daemon.log``."""
+    db = tmp / "state" / "state.db"
+    if db.exists():
+        from stream.store import Store
+
+        st = Store.open(db, readonly=True)
+        try:
+            return st.identity
+        finally:
+            st.close()
+    return identity_from_log((tmp / "daemon.log").read_text(errors="replace"))
+

@@ -160,6 +160,8 @@ def test_key_file_derivation_matches_stream_keys(tmp_path: Path) -> None:
         256,
         "--key-file",
         kf,
+        "--identity",
+        "ab" * 16,
         "--stream",
         "meter-7",
         "--out",
@@ -167,7 +169,7 @@ def test_key_file_derivation_matches_stream_keys(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     cfg = ToPSConfig(epsilon=1, bound=10, holdout=100, query_range=256)
-    expected = ToPS(cfg, derive_stream_key(master, "meter-7")).process(x)
+    expected = ToPS(cfg, derive_stream_key(master, "meter-7", identity="ab" * 16)).process(x)
     assert np.array_equal(np.load(tmp_path / "o.npy"), expected, equal_nan=True)
     assert master.hex() not in res.stderr
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import write_toml
+from tests.conftest import identity_from_log, write_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = {"epsilon": 1.0, "bound": 50.0, "holdout": 100, "query_range": 256}
@@ -38,7 +38,8 @@ def test_daemon_method_equals_replay_method(tmp_path: Path, method: str) -> None
     np.save(tmp_path / "in.npy", values)
     rep = subprocess.run([sys.executable, "-m", "stream.cli", "replay", str(tmp_path / "in.npy"), "--epsilon", "1",
                           "--bound", "50", "--holdout", "100", "--range", "256", "--method", method,
-                          "--key-file", str(tmp_path / "master.key"), "--stream", "m", "--out",
+                          "--key-file", str(tmp_path / "master.key"), "--identity", identity_from_log(res.stderr),
+                          "--stream", "m", "--out",
                           str(tmp_path / "out.npy")], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert rep.returncode == 0, rep.stderr
     want = {t: float(v) for t, v in enumerate(np.load(tmp_path / "out.npy")) if not np.isnan(v)}

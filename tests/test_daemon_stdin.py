@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import free_port, scrape, wait_for, write_toml
+from tests.conftest import free_port, identity_from_log, scrape, wait_for, write_toml
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,8 @@ def test_simulate_pipe_releases_equal_replay(tmp_path: Path) -> None:
         src, out = tmp_path / f"{name}.npy", tmp_path / f"{name}.out.npy"
         np.save(src, np.array(values))
         subprocess.run([sys.executable, "-m", "stream.cli", "replay", str(src), "--epsilon", "1", *PARAMS,
-                        "--key-file", str(key), "--stream", name, "--out", str(out)], cwd=ROOT, check=True,
+                        "--key-file", str(key), "--identity", identity_from_log(run.stderr.decode()),
+                        "--stream", name, "--out", str(out)], cwd=ROOT, check=True,
                        capture_output=True)
         want = np.load(out)
         got = {r["tick"]: r["value"] for r in releases if r["stream"] == name}
@@ -52,7 +53,7 @@ def test_sigterm_releases_open_periods_and_exits_0(tmp_path: Path) -> None:
     cfg = write_toml(tmp_path / "tops.toml", {
         "input": {"source": "stdin"},
         "output": {"sinks": ["stdout"]},
-        "ticks": {"mode": "period", "period": 3600.0, "aggregate": "count"},
+        "ticks": {"mode": "period", "period": 3600.0, "aggregate": "sum"},  # count: no metric counts readings
         "streams": {"key_file": str(tmp_path / "k"), "template": {"epsilon": 1.0, "bound": 100.0, "theta": 50.0}},
         "metrics": {"port": mport},
         "state": {"data_dir": ""},  # no durable state: open periods close at shutdown (test_state_restart: kept)

@@ -24,6 +24,7 @@ from tests.conftest import (
     DaemonProcess,
     Subscriber,
     daemon_config,
+    find_identity,
     free_port,
     publish,
     scrape,
@@ -207,7 +208,7 @@ def test_holdout_survives_a_restart(mosquitto, tmp_path: Path) -> None:
         daemon.kill()
     releases = [p for p in sub.payloads() if "tick" in p]
     assert check_against_replay(releases, values, tmp_path / "master.key", "h", tmp_path) == 30
-    key = derive_stream_key(load_master_key(tmp_path / "master.key"), "h")
+    key = derive_stream_key(load_master_key(tmp_path / "master.key"), "h", identity=find_identity(tmp_path))
     uninterrupted = ToPS(ToPSConfig(**TEMPLATE), key)
     uninterrupted.process(values)
     assert {r["theta"] for r in releases} == {uninterrupted.theta}
@@ -308,7 +309,9 @@ def test_no_secret_and_no_raw_value_in_logs_metrics_or_state(mosquitto, tmp_path
     finally:
         daemon.kill()
     master = load_master_key(tmp_path / "master.key")
-    secrets = [master.hex(), derive_stream_key(master, "sec").hex(), derive_stream_key(master, "sec", 2).hex()]
+    ident = find_identity(tmp_path)
+    secrets = [master.hex(), derive_stream_key(master, "sec", identity=ident).hex(),
+               derive_stream_key(master, "sec", identity=ident, generation=2).hex()]
     outputs = {"log": daemon.stderr(), "metrics": metrics_text}
     for args in (("--json",), (), ("--ledger",), ("--ledger", "--json")):
         r = tops("state", "--data-dir", str(tmp_path / "state"), *args)

@@ -1,0 +1,118 @@
+"""A key never meets two datasets: two runs on one key file must not share noise (issue 9, item 1).
+
+The attack: run ``tops run`` twice with the same master key file on inputs that differ in one reading. If both runs
+derived the same stream keys, tick t would carry the same noise in both, and the difference of the releases would
+reveal the changed reading exactly (98% of the releases were identical on the old code, and they differed by exactly
+the change). Keys now derive from a random identity of the run (no durable state) or of the state store, so the two
+runs share no noise; a restart on the same store keeps its identity and reproduces its releases bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stream.config import DAEMON_METHODS
+from tests.conftest import identity_from_log, write_toml
+
+ROOT = Path(__file__).resolve().parent.parent
+PARAMS = ["--holdout", "100", "--bound", "10", "--range", "256", "--fanout", "4", "--epsilon", "1"]
+
+
+def _values() -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(11).integers(0, 10, 1000).astype(float)
+    x[700] = 5.0
+    y = x.copy()
+    y[700] = 1.0  # the neighbouring input: one reading changed
+    return x, y
+
+
+def _run_cli(args: list[str], values: np.ndarray) -> tuple[dict[int, float], str]:
+    data = "".join(f"m,{v:g}\n" for v in values).encode()
+    r = subprocess.run([sys.executable, "-m", "stream.cli", "run", *args], input=data, cwd=ROOT,
+                       capture_output=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    rel = {d["tick"]: d["value"] for d in map(json.loads, r.stdout.splitlines())}
+    return rel, r.stderr.decode()
+
+
+def _run_config(tmp: Path, method: str, data_dir: str, values: np.ndarray) -> tuple[dict[int, float], str]:
+    cfg = write_toml(tmp / f"{method}.toml", {
+        "input": {"source": "stdin"},
+        "output": {"sinks": ["stdout"]},
+        "streams": {"key_file": str(tmp / "master.key"), "method": method,
+                    "template": {"epsilon": 1.0, "bound": 10.0, "holdout": 100, "query_range": 256, "fanout": 4}},
+        "state": {"data_dir": data_dir},
+        "metrics": {"port": 0},
+    })
+    return _run_cli(["--config", str(cfg)], values)
+
+
+def _identical_share(a: dict[int, float], b: dict[int, float]) -> float:
+    common = sorted(set(a) & set(b))
+    assert len(common) >= 800
+    return sum(a[t] == b[t] for t in common) / len(common)
+
+
+def test_two_runs_on_one_key_file_share_no_noise(tmp_path: Path) -> None:
+    """The reviewer's experiment: same key file, inputs differing at tick 700 (5 -> 1), no durable state."""
+    x, y = _values()
+    key = ["--key-file", str(tmp_path / "master.key")]
+    a, err_a = _run_cli([*PARAMS, *key], x)
+    b, err_b = _run_cli([*PARAMS, *key], y)
+    assert identity_from_log(err_a) != identity_from_log(err_b)
+    assert _identical_share(a, b) < 0.05  # old code: 0.98, and the differences summed to exactly -4
+    diff = sum(b[t] - a[t] for t in set(a) & set(b))
+    assert abs(diff + 4.0) > 1e-6
+    # the same data twice on one key file: fresh noise too (the run, not the data, picks the noise)
+    c, _ = _run_cli([*PARAMS, *key], x)
+    assert _identical_share(a, c) < 0.05
+
+
+@pytest.mark.parametrize("method", [m for m in DAEMON_METHODS if m != "tops"])
+def test_every_baseline_method_gets_fresh_noise_per_run(tmp_path: Path, method: str) -> None:
+    """The baselines run without durable state, so every restart used to reuse their noise."""
+    x, y = _values()
+    a, _ = _run_config(tmp_path, method, "", x)
+    b, _ = _run_config(tmp_path, method, "", y)
+    assert _identical_share(a, b) < 0.05
+
+
+def test_a_lost_store_is_a_new_identity_and_a_kept_one_reproduces(tmp_path: Path) -> None:
+    """Durable state: a restart on the same store continues with the same keys (bit-identical releases of the same
+    ticks); a deleted store with the key file kept starts a new identity, so its noise is unrelated."""
+    x, y = _values()
+    state = tmp_path / "state"
+    first, err1 = _run_config(tmp_path, "tops", str(state), x[:600])
+    rest, err2 = _run_config(tmp_path, "tops", str(state), x[600:])
+    assert identity_from_log(err1) == identity_from_log(err2)
+    whole, _ = _run_cli([*PARAMS, "--key-file", str(tmp_path / "master.key")], x)  # another run: other noise
+    assert _identical_share({**first, **rest}, whole) < 0.05
+    # replay with the store's identity reproduces the restarted stream bit for bit
+    np.save(tmp_path / "x.npy", x)
+    r = subprocess.run([sys.executable, "-m", "stream.cli", "replay", str(tmp_path / "x.npy"), *PARAMS,
+                        "--key-file", str(tmp_path / "master.key"), "--identity", identity_from_log(err1),
+                        "--stream", "m", "--out", str(tmp_path / "x.out.npy")], cwd=ROOT, capture_output=True,
+                       check=False, timeout=60)
+    assert r.returncode == 0, r.stderr.decode()
+    want = {t: float(v) for t, v in enumerate(np.load(tmp_path / "x.out.npy")) if not np.isnan(v)}
+    assert {**first, **rest} == want
+    shutil.rmtree(state)
+    again, err3 = _run_config(tmp_path, "tops", str(state), y)
+    assert identity_from_log(err3) != identity_from_log(err1)
+    assert _identical_share(want, again) < 0.05
+
+
+def test_replay_with_a_key_file_needs_the_identity(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.ones(200))
+    r = subprocess.run([sys.executable, "-m", "stream.cli", "replay", str(tmp_path / "x.npy"), *PARAMS,
+                        "--key-file", str(tmp_path / "k"), "--stream", "m", "--out", str(tmp_path / "o.npy")],
+                       cwd=ROOT, capture_output=True, text=True, check=False, timeout=60)
+    assert r.returncode == 2
+    assert "--identity" in r.stderr and "Traceback" not in r.stderr
