@@ -64,6 +64,10 @@ class ToPSConfig:
         Privacy budget of the released ticks (event-level eps-DP), split equally over the ``h - s`` tree layers.
     bound
         Public upper bound B of a value; larger values are clamped to B (and counted).
+    lower
+        Public lower bound of a value (default 0); smaller values are clamped to it (and counted), never dropped (a
+        missing tick would itself reveal the value). The stream works on ``value - lower`` in ``[0, B - lower]``
+        and adds ``lower`` back to every release (post-processing); theta is in value units, in ``(lower, B]``.
     holdout
         m, the number of first ticks used privately to choose the threshold theta; they are never released.
     query_range
@@ -99,16 +103,25 @@ class ToPSConfig:
     resolution: float = 1.0
     threshold_epsilon: float | None = None
     theta: float | None = None
+    lower: float = 0.0
 
     def __post_init__(self) -> None:
         check_positive("epsilon", self.epsilon)
-        check_positive("bound", self.bound)
-        check_positive("resolution", self.resolution)
-        if self.bound / self.resolution > 2**40:
-            msg = "bound / resolution must stay below 2^40 so that sums are exact in float64"
+        if isinstance(self.lower, bool) or not isinstance(self.lower, int | float) or not math.isfinite(self.lower):
+            msg = f"lower must be a finite number (got {self.lower!r})"
             raise ConfigError(msg)
-        if self.bound < self.resolution:
-            msg = f"bound must be at least one resolution step ({self.resolution})"
+        if self.lower == 0:
+            check_positive("bound", self.bound)
+        elif (isinstance(self.bound, bool) or not isinstance(self.bound, int | float) or not math.isfinite(self.bound)
+              or self.bound <= self.lower):
+            msg = f"bound must be a finite number above lower ({self.lower}); got {self.bound!r}"
+            raise ConfigError(msg)
+        check_positive("resolution", self.resolution)
+        if self.span / self.resolution > 2**40:
+            msg = "(bound - lower) / resolution must stay below 2^40 so that sums are exact in float64"
+            raise ConfigError(msg)
+        if self.span < self.resolution:
+            msg = f"bound - lower must be at least one resolution step ({self.resolution})"
             raise ConfigError(msg)
         check_int_at_least("holdout", self.holdout, 0)
         if self.holdout > 2**31 - 1:
@@ -145,13 +158,22 @@ class ToPSConfig:
         if self.threshold_epsilon is not None:
             check_positive("threshold_epsilon", self.threshold_epsilon)
         if self.theta is not None:
-            check_positive("theta", self.theta)
+            if self.lower == 0:
+                check_positive("theta", self.theta)
+            elif isinstance(self.theta, bool) or not isinstance(self.theta, int | float) or self.theta <= self.lower:
+                msg = f"theta must be a number above lower ({self.lower}); got {self.theta!r}"
+                raise ConfigError(msg)
             if self.theta > self.bound:
                 msg = f"theta must be at most bound ({self.bound}); got {self.theta}"
                 raise ConfigError(msg)
         if self.theta is None and self.holdout < 1:
             msg = "holdout must be at least 1 unless a fixed public theta is given"
             raise ConfigError(msg)
+
+    @property
+    def span(self) -> float:
+        """``B - lower``: the width of the value range, the bound of the shifted values the stream works on."""
+        return self.bound - self.lower
 
     @property
     def height(self) -> int:

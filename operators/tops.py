@@ -59,7 +59,7 @@ class ToPS:
     def __init__(self, config: ToPSConfig, key: bytes) -> None:
         self.config = config
         self._gen = KeyedGenerator(key)
-        self._bound_units = math.floor(config.bound / config.resolution + 1e-9)
+        self._bound_units = math.floor(config.span / config.resolution + 1e-9)
         self.ticks = 0
         self.clamped = 0
         self.theta_units: int | None = None
@@ -69,9 +69,9 @@ class ToPS:
         self._noise: ConsistentNoise | None = None
         self._smoother: SmootherState | None = None
         if config.theta is not None:
-            self._start_release(max(1, round(config.theta / config.resolution)))
+            self._start_release(max(1, round((config.theta - config.lower) / config.resolution)))
         else:
-            self._candidates = candidate_grid(config.bound, config.resolution)
+            self._candidates = candidate_grid(config.span, config.resolution)
             self._hist = np.zeros(len(self._candidates) + 1, dtype=np.int32)
 
     def __repr__(self) -> str:
@@ -81,7 +81,7 @@ class ToPS:
     @property
     def theta(self) -> float | None:
         """The truncation threshold in value units (``None`` while in the holdout)."""
-        return None if self.theta_units is None else self.theta_units * self.config.resolution
+        return None if self.theta_units is None else self.config.lower + self.theta_units * self.config.resolution
 
     @property
     def phase(self) -> str:
@@ -110,14 +110,17 @@ class ToPS:
 
     # -- the work -----------------------------------------------------------------------------------------------
     def _quantize(self, values: np.ndarray) -> np.ndarray:
+        """Clamp to ``[lower, B]``, shift by ``lower`` and quantize: integer units in ``[0, (B - lower) / q]``."""
         cfg = self.config
-        over = values > cfg.bound
-        n_over = int(np.count_nonzero(over))
-        if n_over:
-            self.clamped += n_over
-            values = np.where(over, cfg.bound, values)
+        out = (values > cfg.bound) | (values < cfg.lower)
+        n_out = int(np.count_nonzero(out))
+        if n_out:
+            self.clamped += n_out
+            values = np.clip(values, cfg.lower, cfg.bound)
+        if cfg.lower:
+            values = values - cfg.lower
         units = np.rint(values / cfg.resolution).astype(np.int64)
-        return np.minimum(units, self._bound_units)
+        return np.clip(units, 0, self._bound_units)
 
     def _choose_threshold(self) -> int:
         cfg = self.config
@@ -179,6 +182,8 @@ class ToPS:
             noise = self._noise.next_leaves((st.pos + (n - start)) // st.leaf_ticks)
             rel = release_ticks(truncated, noise, st, alpha=self.config.alpha)
             out[start:] = rel * self.config.resolution if self.config.resolution != 1.0 else rel
+            if self.config.lower:  # post-processing: a public constant added to each noisy release
+                out[start:] += self.config.lower
             self.ticks += n - start
         return out
 
@@ -191,10 +196,15 @@ class ToPS:
         cfg = self.config
         v = float(value)
         st = self._smoother
+        if cfg.lower:  # the general path clamps, shifts and adds lower back
+            return float(self.process(np.array([v], dtype=np.float64))[0])
         if self._hist is not None and self.holdout_left > 1:
             if v > cfg.bound:
                 self.clamped += 1
                 v = cfg.bound
+            elif v < 0.0:
+                self.clamped += 1
+                v = 0.0
             units = min(round(v / cfg.resolution), self._bound_units)
             self._hist[int(np.searchsorted(self._candidates, units, side="left"))] += 1
             self.ticks += 1
@@ -203,6 +213,9 @@ class ToPS:
             if v > cfg.bound:
                 self.clamped += 1
                 v = cfg.bound
+            elif v < 0.0:
+                self.clamped += 1
+                v = 0.0
             units = min(round(v / cfg.resolution), self._bound_units, self.theta_units)
             st.pos += 1
             st.leaf_sum += units
@@ -240,7 +253,7 @@ class ToPS:
         op = cls.__new__(cls)
         op.config = config
         op._gen = KeyedGenerator(key)
-        op._bound_units = math.floor(config.bound / config.resolution + 1e-9)
+        op._bound_units = math.floor(config.span / config.resolution + 1e-9)
         op.ticks = int(snapshot["ticks"])
         op.clamped = int(snapshot["clamped"])
         op.theta_units = None
@@ -248,7 +261,7 @@ class ToPS:
         op._noise = None
         op._smoother = None
         if snapshot["theta_units"] is None:
-            op._candidates = candidate_grid(config.bound, config.resolution)
+            op._candidates = candidate_grid(config.span, config.resolution)
             op._hist = np.array(snapshot["holdout_histogram"], dtype=np.int32)
             if op._hist.shape != (len(op._candidates) + 1,):
                 msg = "corrupt ToPS snapshot (holdout histogram)"

@@ -176,6 +176,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
 TEMPLATE_DOCS: dict[str, str] = {
     "epsilon": "Privacy budget of the released ticks (event-level eps-DP). Required.",
     "bound": "Public upper bound B of a tick value; larger values are clamped. Required.",
+    "lower": "Public lower bound of a tick value (default 0); smaller values (e.g. negative readings) are clamped "
+             "to it, never dropped. Central `tops` streams only.",
     "holdout": "m: first ticks used privately to choose theta, never released.",
     "query_range": "r: longest range query the hierarchy serves; a new tree starts every r ticks.",
     "fanout": "b: fan-out of the hierarchy.",
@@ -350,6 +352,15 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
             problems.append(f"[streams.template] {exc}")
         except TypeError as exc:  # pragma: no cover - guarded by the unknown-key check
             problems.append(f"[streams.template] {exc}")
+    if template is not None:
+        if template.lower != 0 and (method != "tops" or sections["streams"]["mode"] == "local"):
+            problems.append("[streams.template] lower is supported by central `tops` streams only (the baselines "
+                            "and local mode take values in [0, bound])")
+        thr = template.threshold_epsilon
+        if thr is not None and thr > template.epsilon:
+            problems.append(f"[streams.template] threshold_epsilon ({thr}) must not exceed epsilon "
+                            f"({template.epsilon}): a reading's guarantee is max(epsilon, threshold_epsilon), and "
+                            f"releases state epsilon")
     if problems:
         raise ConfigFileError(problems)
     assert template is not None

@@ -288,7 +288,7 @@ class Daemon:
                 continue
             if not values:  # a batch without one valid element
                 counts["invalid"] += 1
-                self.rejected("invalid", "batch elements that are not finite numbers >= 0", f"message for {name!r}")
+                self.rejected("invalid", "batch elements that are not finite numbers", f"message for {name!r}")
                 continue
             rec = streams.get(name) or self.stream_record(name, now)
             if rec is None:
@@ -298,7 +298,7 @@ class Daemon:
             counts["ok"] += 1
             if bad:
                 router.counts["invalid"] += bad
-                self.rejected("invalid", "batch elements that are not finite numbers >= 0",
+                self.rejected("invalid", "batch elements that are not finite numbers",
                               f"readings for stream {name!r}")
             add_many(rec, values, ts, seqs, now)
         self.step()
@@ -486,7 +486,7 @@ class Daemon:
 
 
 # -- command line ---------------------------------------------------------------------------------------------
-_TEMPLATE_FLAGS = {"epsilon": float, "bound": float, "holdout": int, "range": int, "fanout": int, "smoother": str,
+_TEMPLATE_FLAGS = {"epsilon": float, "bound": float, "lower": float, "holdout": int, "range": int, "fanout": int, "smoother": str,
                    "resolution": float}
 
 

@@ -1,6 +1,6 @@
 """Reading a whole stream from a file (.npy, .csv or JSONL) for ``tops replay`` and ``tops evaluate``.
 
-Every value must be a finite, non-negative number. A bad file is refused with a message that names the first bad
+Every value must be a finite number (values outside [lower, bound] are clamped by the operator). A bad file is refused with a message that names the first bad
 line and what is wrong with it, never the value itself (a reading is private data).
 
 >>> import tempfile, os
@@ -9,11 +9,11 @@ line and what is wrong with it, never the value itself (a reading is private dat
 >>> _ = open(p, "w").write("1\\n2.5\\n\\n3\\n")
 >>> read_stream(p).tolist()
 [1.0, 2.5, 3.0]
->>> _ = open(p, "w").write("1\\n-2\\n")
+>>> _ = open(p, "w").write("1\\nnan\\n")
 >>> read_stream(p)
 Traceback (most recent call last):
 ...
-stream.inputs.InputError: x.csv line 2: negative value
+stream.inputs.InputError: x.csv line 2: not a finite number (NaN or infinite)
 """
 
 from __future__ import annotations
@@ -32,13 +32,10 @@ class InputError(Exception):
 
 
 def _check_values(values: np.ndarray, name: str, line_of) -> np.ndarray:
-    bad_nan = ~np.isfinite(values)
-    bad_neg = values < 0
-    bad = bad_nan | bad_neg
+    bad = ~np.isfinite(values)  # values outside [lower, bound] are clamped by the operator, as in the daemon
     if bad.any():
         i = int(np.argmax(bad))
-        what = "not a finite number (NaN or infinite)" if bad_nan[i] else "negative value"
-        msg = f"{name} {line_of(i)}: {what}"
+        msg = f"{name} {line_of(i)}: not a finite number (NaN or infinite)"
         raise InputError(msg)
     return values
 
@@ -108,9 +105,8 @@ def _read_jsonl(path: Path) -> np.ndarray:
         if isinstance(v, bool) or not isinstance(v, int | float):
             msg = f'{path.name} line {n}: "value" must be a number'
             raise InputError(msg)
-        if not math.isfinite(v) or v < 0:
-            what = "not a finite number (NaN or infinite)" if not math.isfinite(v) else "negative value"
-            msg = f"{path.name} line {n}: {what}"
+        if not math.isfinite(v):
+            msg = f"{path.name} line {n}: not a finite number (NaN or infinite)"
             raise InputError(msg)
         values[k] = v
     return values

@@ -1,19 +1,20 @@
 """Decoding of readings: a number, a JSON object, a JSON array (a batch), or a stdin line (number, CSV, JSON).
 
 Decoding never echoes the raw payload: errors carry a short reason only. A reading's value must be a finite
-number >= 0 (booleans and strings are not numbers); ``ts`` is a finite number of seconds since the Unix epoch,
+number (booleans and strings are not numbers; values outside ``[lower, bound]`` are clamped by the operator, never
+dropped, since a missing tick would reveal them); ``ts`` is a finite number of seconds since the Unix epoch,
 ``seq`` an integer >= 0.
 
 >>> decode_payload(b"12.5")
 ([(None, 12.5, None, None)], 0)
 >>> decode_payload(b'{"value": 3, "ts": 1700000000.5, "seq": 7}')
 ([(None, 3.0, 1700000000.5, 7)], 0)
->>> decode_payload(b'[1, 2, -3, {"value": 4}]')
-([(None, 1.0, None, None), (None, 2.0, None, None), (None, 4.0, None, None)], 1)
+>>> decode_payload(b'[1, 2, -3, {"value": 4}, "x"]')
+([(None, 1.0, None, None), (None, 2.0, None, None), (None, -3.0, None, None), (None, 4.0, None, None)], 1)
 >>> decode_payload(b"nan")
 Traceback (most recent call last):
 ...
-stream.errors.PayloadError: value is not a finite number >= 0
+stream.errors.PayloadError: value is not a finite number
 >>> decode_line(b"meter-7,42")
 ([('meter-7', 42.0, None, None)], 0)
 """
@@ -31,7 +32,7 @@ __all__ = ["Reading", "check_stream_name", "decode_line", "decode_payload", "dec
 # (stream or None, value, ts or None, seq or None); a plain tuple keeps the per-message work small.
 Reading = tuple[str | None, float, float | None, int | None]
 
-_BAD_VALUE = "value is not a finite number >= 0"
+_BAD_VALUE = "value is not a finite number"
 _MAX_NAME = 128
 _FORBIDDEN = frozenset("/+#")
 
@@ -49,9 +50,9 @@ def check_stream_name(name: Any) -> str:
 
 def _value(x: Any) -> float:
     if type(x) is float:
-        if math.isfinite(x) and x >= 0:
+        if math.isfinite(x):  # negative readings are clamped to [lower, bound] by the operator, never dropped
             return x
-    elif type(x) is int and 0 <= x < 2**1023:
+    elif type(x) is int and -(2**1023) < x < 2**1023:
         return float(x)
     raise PayloadError(_BAD_VALUE)
 
@@ -98,9 +99,9 @@ def _plain_values(doc: list[Any]) -> list[float] | None:
     except OverflowError:
         return None
     total = sum(values)
-    if total - total != 0.0 or min(values) < 0:  # a NaN or an infinity (or an overflowing sum), or a negative value
+    if total - total != 0.0:  # a NaN or an infinity (or an overflowing sum)
         return None
-    if int in kinds and max(values) >= _INT_LIMIT:  # _value takes ints < 2**1023 only: decide one by one
+    if int in kinds and max(map(abs, values)) >= _INT_LIMIT:  # _value takes ints < 2**1023 only: decide one by one
         return None
     return values
 
@@ -148,7 +149,7 @@ def _number_or_text(data: bytes) -> float | str:
     except (ValueError, TypeError):
         pass
     else:
-        if math.isfinite(v) and v >= 0:
+        if math.isfinite(v):
             return v
         raise PayloadError(_BAD_VALUE)
     try:
@@ -174,8 +175,8 @@ def decode_payload_columns(data: bytes) -> tuple[list[float], list[float | None]
     """:func:`decode_payload` as columns ``(values, ts, seq, bad)``; ``ts`` and ``seq`` are None when no reading
     carries one (the common case: a number or an array of numbers, decoded without a Python call per element).
 
-    >>> decode_payload_columns(b"[1, 2.5, -3]")
-    ([1.0, 2.5], None, None, 1)
+    >>> decode_payload_columns(b'[1, 2.5, -3, "x"]')
+    ([1.0, 2.5, -3.0], None, None, 1)
     >>> decode_payload_columns(b'[4, {"value": 5, "seq": 9}]')
     ([4.0, 5.0], None, [None, 9], 0)
     """
@@ -225,7 +226,7 @@ def decode_line(line: bytes) -> tuple[list[Reading], int]:
             value = float(parts[1])
         except ValueError:
             raise PayloadError(_BAD_VALUE) from None
-        if not (math.isfinite(value) and value >= 0):
+        if not math.isfinite(value):
             raise PayloadError(_BAD_VALUE)
         ts = None
         if len(parts) == 3 and parts[2].strip():

@@ -33,6 +33,8 @@ def add_privacy_arguments(p: argparse.ArgumentParser) -> None:
     """The stream parameters shared by replay and compare-style commands."""
     p.add_argument("--epsilon", type=float, required=True, help="privacy budget per event (eps-DP)")
     p.add_argument("--bound", type=float, required=True, help="public upper bound B of a value")
+    p.add_argument("--lower", type=float, default=0.0,
+                   help="public lower bound of a value (default 0; smaller values are clamped to it)")
     p.add_argument(
         "--holdout", type=int, default=65536, help="m, ticks held out to choose theta (default 65536)"
     )
@@ -89,6 +91,7 @@ def config_from_args(args: argparse.Namespace) -> ToPSConfig:
         resolution=args.resolution,
         threshold_epsilon=args.threshold_epsilon,
         theta=args.theta,
+        lower=getattr(args, "lower", 0.0),
     )
 
 
@@ -132,6 +135,13 @@ def main(args: argparse.Namespace) -> int:
         key, key_note = key_from_args(args)
         t0 = time.perf_counter()
         values = read_stream(args.input)
+        if getattr(args, "lower", 0.0) and (args.mode == "local" or args.method != "tops"):
+            msg = "--lower is supported by central ToPS only (the baselines and local mode take values in [0, bound])"
+            raise ConfigError(msg)
+        thr = args.threshold_epsilon
+        if thr is not None and thr > args.epsilon:
+            print(f"tops replay: warning: threshold_epsilon {thr:g} > epsilon {args.epsilon:g}: each reading is "
+                  f"protected at max(epsilon, threshold_epsilon) = {thr:g}", file=sys.stderr)
         if args.mode == "local":
             from operators.topl import ToPL, ToPLConfig
 

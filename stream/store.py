@@ -45,6 +45,7 @@ PRIVACY_KEYS = (
     "epsilon",
     "threshold_epsilon",
     "bound",
+    "lower",
     "holdout",
     "query_range",
     "fanout",

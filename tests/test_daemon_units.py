@@ -143,7 +143,7 @@ def test_payload_numbers(payload: bytes) -> None:
     assert bad == 0 and len(readings) == 1 and readings[0][1] >= 0
 
 
-@pytest.mark.parametrize("payload", [b"nan", b"-1", b"inf", b"\xff\xfe", b"", b"{", b'{"value": "1"}',
+@pytest.mark.parametrize("payload", [b"nan", b"-inf", b"inf", b"\xff\xfe", b"", b"{", b'{"value": "1"}',
                                      b'{"value": true}', b'{"value": null}', b"[]", b'"5"', b"null",
                                      b'{"value": 1, "seq": -1}', b'{"value": 1, "seq": 1.5}',
                                      b'{"value": 1, "ts": "x"}', b'{"value": 1e400}', b"[" * 100000])
@@ -156,7 +156,7 @@ def test_payload_rejected_without_echo(payload: bytes) -> None:
 
 def test_payload_batch_partial() -> None:
     readings, bad = decode_payload(b'[1, {"value": 2, "seq": 3, "ts": 5}, -1, "x", {"value": false}]')
-    assert readings == [(None, 1.0, None, None), (None, 2.0, 5.0, 3)] and bad == 3
+    assert readings == [(None, 1.0, None, None), (None, 2.0, 5.0, 3), (None, -1.0, None, None)] and bad == 2
 
 
 def test_stdin_lines() -> None:
@@ -164,7 +164,8 @@ def test_stdin_lines() -> None:
     assert decode_line(b"m1,7,100.5") == ([("m1", 7.0, 100.5, None)], 0)
     assert decode_line(b'{"stream": "m2", "value": 1, "seq": 0}') == ([("m2", 1.0, None, 0)], 0)
     assert decode_line(b"") == ([], 0)
-    for bad in (b"a/b,1", b"m,-1", b"m,x", b"a,b,c,d", b'{"stream": "a+b", "value": 1}', b'{"stream": 5, "value": 1}'):
+    assert decode_line(b"m,-1") == ([("m", -1.0, None, None)], 0)  # clamped by the operator, never dropped
+    for bad in (b"a/b,1", b"m,nan", b"m,x", b"a,b,c,d", b'{"stream": "a+b", "value": 1}', b'{"stream": 5, "value": 1}'):
         with pytest.raises(PayloadError):
             decode_line(bad)
 
@@ -267,7 +268,7 @@ def test_backoff_is_capped_with_jitter() -> None:
 def test_daemon_stdin_to_stdout_with_fake_operator(tmp_path: Path) -> None:
     """Mixed stdin lines: tick numbering per stream, bad lines counted, default stream, releases as JSONL."""
     cfg = build_config({"metrics": {"port": 0}, "streams": {"key_file": str(tmp_path / "k"), "template": TPL}})
-    lines = b"\n".join([b"5", b"a,1", b"garbage", b"a,2", b'{"stream":"b","value":3}', b"6", b"a,-1", b"a,3",
+    lines = b"\n".join([b"5", b"a,1", b"garbage", b"a,2", b'{"stream":"b","value":3}', b"6", b"a,nan", b"a,3",
                         b"7", b'[{"stream":"b","value":4}, {"stream":"b","value":5}]', b"nan"]) + b"\n"
     out = io.StringIO()
     d = daemon_mod.Daemon(cfg, stdin=io.BytesIO(lines), stdout=out, operator_factory=lambda _: FakeOperator(2),

@@ -199,7 +199,7 @@ def test_holdout_survives_a_restart(mosquitto, tmp_path: Path) -> None:
             return [json.loads(p) for t, p in sub.lines if t == "dp/h/status"][-1]
 
         wait_for(lambda: len([1 for t, _ in sub.lines if t == "dp/h/status"]) >= 2, 10, what="status after restart")
-        assert status() == {"stream": "h", "phase": "holdout", "holdout_left": 20}
+        assert status() == {"stream": "h", "phase": "holdout", "holdout_left": 20, "identity": find_identity(tmp_path)}
         publish(mosquitto.port, "meters/h/reading", lines[30:])
         wait_for(lambda: len([p for p in sub.payloads() if "tick" in p]) >= 30, 15, what="releases")
         assert daemon.stop() == 0
@@ -373,7 +373,7 @@ def test_batches_journaled_one_line_per_message_survive_kill9(mosquitto, tmp_pat
     sub = Subscriber(mosquitto.port, "dp/+")
     sub.wait_ready("dp/probe")
     lines_a = [json.dumps([float(x) for x in a[k:k + 60]]) for k in range(0, 200, 60)]
-    lines_a[1] = lines_a[1][:-1] + ', -1, "x"]'  # two bad elements: rejected, not journaled
+    lines_a[1] = lines_a[1][:-1] + ', NaN, "x"]'  # two bad elements: rejected, not journaled
     lines_b = [json.dumps([{"value": float(x), "seq": k + i, "ts": 1000.0 + k + i} for i, x in enumerate(b[k:k + 40])])
                for k in range(0, 120, 40)]
     daemon = DaemonProcess(cfg, mport, tmp_path)
