@@ -84,7 +84,7 @@ def node_noise(op, layer: int, trees: Iterable[int], count: int) -> np.ndarray:
     return np.array(rows, dtype=np.int64).reshape(-1, count)
 
 
-def scale_node_epsilon(op, factor: float) -> None:
-    """A broken variant: every node of ``op``'s hierarchy gets ``factor`` times its epsilon (``a = e^(-eps/s)``, so
-    ``a^factor``). Call it right after the hierarchy is built and before any noise is drawn."""
-    op._noise.a = op._noise.a**factor
+def scale_noise_epsilon(noise, factor: float) -> None:
+    """A broken variant: ``noise`` (a ``ConsistentNoise`` walk or a baseline operator) draws every sample at ``factor``
+    times its epsilon (``a = e^(-eps / sensitivity)``, so ``a^factor``). Call it before any noise is drawn."""
+    noise.a = noise.a**factor
