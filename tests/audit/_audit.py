@@ -18,9 +18,13 @@ True
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
 import numpy as np
 from scipy.stats import beta
+
+from operators.hierarchy import ConsistentNoise
+from operators.noise import KeyedGenerator, discrete_laplace_parameter
 
 ALPHA = 1e-3  # per test: the probability that a correct mechanism is flagged
 
@@ -53,3 +57,34 @@ def event_hits(samples: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
 def audit_key(label: str, i: int) -> bytes:
     """A distinct key per sample: the hash of a label and a counter."""
     return hashlib.sha256(f"tops-audit/{label}/{i}".encode()).digest()
+
+
+# -- the one place that knows how raw noise is drawn and parametrised ---------------------------------------------
+# The audits read raw noise and build deliberately broken variants only through these functions, so that a change of
+# the sampler's API (operators/noise.py, operators/hierarchy.py) is adapted here and nowhere else in tests/audit/.
+
+
+def discrete_laplace(
+    gen: KeyedGenerator, domain: int, address: int, start: int, count: int, *, epsilon: float, sensitivity: float
+) -> np.ndarray:
+    """Raw integer discrete Laplace noise that is ``epsilon``-DP for ``sensitivity`` (quantized units)."""
+    return gen.discrete_laplace(domain, address, start, count, discrete_laplace_parameter(epsilon, sensitivity))
+
+
+def node_noise(op, layer: int, trees: Iterable[int], count: int) -> np.ndarray:
+    """The raw noise ``N(x)`` that ``op``'s hierarchy (a ``ToPS`` after its threshold is known) draws for the first
+    ``count`` nodes of ``layer`` (0 = leaves) of each tree in ``trees``: shape ``(len(trees), count)``."""
+    walk = op._noise
+    rows = [
+        ConsistentNoise(
+            op._gen, fanout=walk.b, layers=walk.layers, top_nodes=walk.top_nodes, a=walk.a, tree=int(t)
+        )._raw(layer, 0, count)
+        for t in trees
+    ]
+    return np.array(rows, dtype=np.int64).reshape(-1, count)
+
+
+def scale_noise_epsilon(noise, factor: float) -> None:
+    """A broken variant: ``noise`` (a ``ConsistentNoise`` walk or a baseline operator) draws every sample at ``factor``
+    times its epsilon (``a = e^(-eps / sensitivity)``, so ``a^factor``). Call it before any noise is drawn."""
+    noise.a = noise.a**factor

@@ -7,15 +7,13 @@ generator gives a lower bound close to (and below) eps, and one with half the no
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
 from operators.baselines import Flat, baseline_domain
 from operators.config import ToPSConfig
 from operators.noise import KeyedGenerator
-from tests.audit._audit import audit_key, eps_lower_bound, event_hits
+from tests.audit._audit import audit_key, discrete_laplace, eps_lower_bound, event_hits
 
 EPS = 1.0
 N = 200_000
@@ -24,7 +22,7 @@ THRESHOLDS = np.array([1, 2, 3])
 
 def _shifted_noise(shift: int, *, eps_noise: float, label: str) -> np.ndarray:
     gen = KeyedGenerator(audit_key(label, 0))
-    return shift + gen.discrete_laplace(baseline_domain("audit", 0), 0, 0, N, math.exp(-eps_noise))
+    return shift + discrete_laplace(gen, baseline_domain("audit", 0), 0, 0, N, epsilon=eps_noise, sensitivity=1)
 
 
 def test_discrete_laplace_lower_bound_below_eps_and_close_to_it() -> None:

@@ -3,6 +3,7 @@
 Holdout D0 has 98 zeros and two 2s, D1 moves one zero to 2 (B = 2, candidates theta = 1, 2). With m = 100, r = 4,
 b = 2, eps = 1 the Eq. 6 slope is 5, so ``q(2) - q(1) = -3`` on D0 and ``-2`` on D1: with Exp(1/eps) noise
 ``P(theta = 2) = e^(-eps gap) / 2``, the ratio is exactly ``e^eps``. The event "theta = 2" is the extremal one.
+The same neighbours through the ``ToPS`` operator, with and without ``threshold_epsilon``: test_audit_tops.py.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from operators import ToPS, ToPSConfig
+from operators import ToPSConfig
 from operators.baselines import baseline_domain
 from operators.noise import KeyedGenerator
 from operators.threshold import candidate_grid, holdout_histogram, m_theta, report_noisy_max, scores
@@ -68,22 +69,3 @@ def test_nm_e_audit(noise_eps: float, flagged: bool) -> None:
         assert lb > EPS
     else:
         assert 0.85 * EPS <= lb <= EPS
-
-
-@pytest.mark.slow
-def test_nm_e_audit_through_the_tops_operator() -> None:
-    """The same neighbours through ``ToPS`` itself (holdout, histogram, scores, keyed noise): one key per sample."""
-    n = 3000
-    hits = []
-    for side, twos in enumerate((2, 3)):
-        x = _holdout(twos)
-        chosen = []
-        for i in range(n):
-            op = ToPS(CFG, audit_key(f"tops-thr-{side}", i))
-            op.process(x)
-            chosen.append(op.theta)
-        thetas = np.array(chosen)
-        hits.append([np.sum(thetas == 2.0)])
-    lb = eps_lower_bound(np.array(hits[0]), np.array(hits[1]), n, n)
-    assert lb <= EPS
-    assert hits[1][0] > hits[0][0]  # the direction the scores predict (about e times more often)
