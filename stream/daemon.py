@@ -25,11 +25,11 @@ from stream.device import stream_control, threshold_control
 from stream.durability import Durability
 from stream.errors import ConfigFileError, PayloadError, StreamCapError
 from stream.keys import KeyFileError, derive_stream_key, load_master_key
-from stream.metrics import Metrics
+from stream.metrics import MESSAGE_RESULTS, Metrics
 from stream.payload import decode_line, decode_payload_columns, decode_reports
 from stream.router import ReleaseBatch, Router, StreamRecord
 from stream.sinks import PublishQueue, StdoutSink, encode_releases, encode_status
-from stream.sources import MqttLink, StdinSource, TopicRouter
+from stream.sources import OVERLONG_LINE, MqttLink, StdinSource, TopicRouter
 from stream.store import StoreError
 from stream.ticking import PeriodClock
 
@@ -78,7 +78,7 @@ class Daemon:
         self.metrics = Metrics()
         self.stopping = asyncio.Event()
         self.rejected = RateLimitedLog()
-        self.msg_counts = dict.fromkeys(("ok", "invalid", "too_large", "invalid_topic", "stream_cap"), 0)
+        self.msg_counts = dict.fromkeys(MESSAGE_RESULTS, 0)
         self.cap_readings = 0
         self.stdout_written = 0
         self.epsilon = cfg.template.epsilon
@@ -126,6 +126,7 @@ class Daemon:
         m = self.metrics
         m.watch(m.streams_active, lambda: len(self.router.streams))
         m.watch(m.streams_holdout, lambda: self.router.in_holdout)
+        m.watch(m.streams_failed, lambda: self.router.failed)
         if cfg.uses_mqtt:
             self.pubq = PublishQueue(cfg.output.publish_queue)
             mqtt_out = "mqtt" in cfg.output.sinks
@@ -242,48 +243,88 @@ class Daemon:
         return rec
 
     def on_mqtt_messages(self, messages: list[Any]) -> None:
-        """Decode, validate and route a batch of MQTT messages, then process and emit."""
+        """Decode, validate and route a batch of MQTT messages, then process and emit.
+
+        Nothing a message holds stops the daemon: a message whose handling raises is counted ``failed`` (and
+        acknowledged with the others), the stream it touched is marked failed, the other streams go on."""
         now = time.time()
-        counts, router, add_many = self.msg_counts, self.router, self.router.add_many
-        limit, topic_stream, streams = self.cfg.input.max_payload_bytes, self.topics.stream, router.streams
+        one = self.on_mqtt_message
         for m in messages:
-            payload = m.payload
-            if not isinstance(payload, bytes | bytearray):
-                payload = b"" if payload is None else str(payload).encode()
-            if len(payload) > limit:
-                counts["too_large"] += 1
-                self.rejected("too_large", f"payload larger than max_payload_bytes = {limit}")
-                continue
-            name = topic_stream(m.topic.value)
-            if name is None:
-                counts["invalid_topic"] += 1
-                self.rejected("invalid_topic", "topic matches no input pattern or names no valid stream")
-                continue
-            if self.local:
-                self.on_reports(name, payload, now)
-                continue
             try:
-                values, ts, seqs, bad = decode_payload_columns(payload)
-            except PayloadError as exc:
-                counts["invalid"] += 1
-                self.rejected("invalid", exc.reason, f"message for stream {name!r}")
-                continue
-            if not values:  # a batch without one valid element
-                counts["invalid"] += 1
-                self.rejected("invalid", "batch elements that are not finite numbers >= 0", f"message for {name!r}")
-                continue
-            rec = streams.get(name) or self.stream_record(name, now)
-            if rec is None:
-                counts["stream_cap"] += 1
-                self.cap_readings += len(values)
-                continue
-            counts["ok"] += 1
-            if bad:
-                router.counts["invalid"] += bad
-                self.rejected("invalid", "batch elements that are not finite numbers >= 0",
-                              f"readings for stream {name!r}")
-            add_many(rec, values, ts, seqs, now)
-        self.step()
+                one(m, now)
+            except OSError:  # the journal's disk: what a full disk does is decided there
+                raise
+            except Exception as exc:
+                self.message_failed(exc, "message")
+        self.safe_step()
+
+    def message_failed(self, exc: Exception, where: str, rec: StreamRecord | None = None) -> None:
+        """A message whose handling raised: counted ``failed``; logged with the exception's type only."""
+        self.msg_counts["failed"] += 1
+        self.rejected("failed", f"handling raised {type(exc).__name__}", where)
+        if rec is not None:
+            self.router.fail(rec, f"a message raised {type(exc).__name__}")
+
+    def safe_step(self) -> None:
+        """:meth:`step`; an exception outside the operators (which fail their stream only) is logged, not fatal."""
+        try:
+            self.step()
+        except OSError:
+            raise
+        except Exception as exc:
+            log.error("processing step failed (%s); the daemon goes on", type(exc).__name__)
+
+    def on_mqtt_message(self, m: Any, now: float) -> None:
+        """One MQTT message: size, topic, decoding, stream, then its readings into the router."""
+        counts, router = self.msg_counts, self.router
+        payload = m.payload
+        if not isinstance(payload, bytes | bytearray):
+            payload = b"" if payload is None else str(payload).encode()
+        limit = self.cfg.input.max_payload_bytes
+        if len(payload) > limit:
+            counts["too_large"] += 1
+            self.rejected("too_large", f"payload larger than max_payload_bytes = {limit}")
+            return
+        name = self.topics.stream(m.topic.value)
+        if name is None:
+            counts["invalid_topic"] += 1
+            self.rejected("invalid_topic", "topic matches no input pattern or names no valid stream")
+            return
+        if self.local:
+            self.on_reports(name, payload, now)
+            return
+        try:
+            values, ts, seqs, bad = decode_payload_columns(payload)
+        except PayloadError as exc:
+            counts["invalid"] += 1
+            self.rejected("invalid", exc.reason, f"message for stream {name!r}")
+            return
+        if not values:  # a batch without one valid element
+            counts["invalid"] += 1
+            self.rejected("invalid", "batch elements that are not finite numbers >= 0", f"message for {name!r}")
+            return
+        rec = router.streams.get(name) or self.stream_record(name, now)
+        if rec is None:
+            counts["stream_cap"] += 1
+            self.cap_readings += len(values)
+            return
+        if rec.failed:
+            counts["failed"] += 1
+            router.counts["failed"] += len(values)
+            self.rejected("failed", "the stream is marked failed", f"message for stream {name!r}")
+            return
+        if bad:
+            router.counts["invalid"] += bad
+            self.rejected("invalid", "batch elements that are not finite numbers >= 0",
+                          f"readings for stream {name!r}")
+        try:
+            router.add_many(rec, values, ts, seqs, now)
+        except OSError:
+            raise
+        except Exception as exc:
+            self.message_failed(exc, f"message for stream {name!r}", rec)
+            return
+        counts["ok"] += 1
 
     def on_reports(self, name: str, payload: bytes, now: float) -> None:
         """Local mode: decode device reports, keep those made for the stream's current phase and theta."""
@@ -302,43 +343,75 @@ class Daemon:
         if not reports:
             counts["invalid"] += 1
             return
-        counts["ok"] += 1
+        if rec.failed:
+            counts["failed"] += 1
+            router.counts["failed"] += len(reports)
+            return
         router.counts["invalid"] += bad
         op = rec.operator
-        for y, ts, seq, phase, theta in reports:
-            verdict = op.accepts(phase, theta, y)
-            if verdict != "ok":  # checked one by one: a batch may cross the switch of phase
-                router.counts["invalid"] += 1
-                self.rejected("invalid", f"{verdict} report (another phase or theta, or out of range)",
-                              f"stream {name!r}")
-                continue
-            router.add(rec, y, ts, seq, now)
+        try:
+            for y, ts, seq, phase, theta in reports:
+                verdict = op.accepts(phase, theta, y)
+                if verdict != "ok":  # checked one by one: a batch may cross the switch of phase
+                    router.counts["invalid"] += 1
+                    self.rejected("invalid", f"{verdict} report (another phase or theta, or out of range)",
+                                  f"stream {name!r}")
+                    continue
+                router.add(rec, y, ts, seq, now)
+        except OSError:
+            raise
+        except Exception as exc:
+            self.message_failed(exc, f"message for stream {name!r}", rec)
+            return
+        counts["ok"] += 1
 
     def on_lines(self, lines: list[bytes]) -> None:
-        """Decode, validate and route stdin lines (a line is one message), then process and emit."""
+        """Decode, validate and route stdin lines (a line is one message), then process and emit. As with MQTT, a
+        line whose handling raises is counted ``failed`` and the stream it touched is marked failed."""
         now = time.time()
-        counts, router, default = self.msg_counts, self.router, self.cfg.input.default_stream
         for line in lines:
             try:
-                readings, bad = decode_line(line)
-            except PayloadError as exc:
-                counts["invalid"] += 1
-                self.rejected("invalid", exc.reason, "stdin line")
-                continue
-            if not readings:
-                if bad:
-                    counts["invalid"] += 1
-                continue
-            counts["ok"] += 1
+                self.on_line(line, now)
+            except OSError:
+                raise
+            except Exception as exc:
+                self.message_failed(exc, "stdin line")
+        self.safe_step()
+
+    def on_line(self, line: bytes, now: float) -> None:
+        counts, router = self.msg_counts, self.router
+        limit = self.cfg.input.max_payload_bytes
+        if line == OVERLONG_LINE or len(line) > limit:  # the reader cut a line longer than the limit
+            counts["too_large"] += 1
+            self.rejected("too_large", f"line longer than max_payload_bytes = {limit}", "stdin line")
+            return
+        try:
+            readings, bad = decode_line(line)
+        except PayloadError as exc:
+            counts["invalid"] += 1
+            self.rejected("invalid", exc.reason, "stdin line")
+            return
+        if not readings:
             if bad:
-                router.counts["invalid"] += bad
-            for name, value, ts, seq in readings:
-                rec = self.stream_record(name or default, now)
-                if rec is None:
-                    self.cap_readings += 1
-                    continue
-                router.add(rec, value, ts, seq, now)
-        self.step()
+                counts["invalid"] += 1
+            return
+        if bad:
+            router.counts["invalid"] += bad
+        default, failed = self.cfg.input.default_stream, 0
+        for name, value, ts, seq in readings:
+            rec = self.stream_record(name or default, now)
+            if rec is None:
+                self.cap_readings += 1
+                continue
+            try:
+                if router.add(rec, value, ts, seq, now) == "failed":
+                    failed += 1
+            except OSError:
+                raise
+            except Exception as exc:
+                self.message_failed(exc, f"stdin line for stream {rec.name!r}", rec)
+                return
+        counts["failed" if failed == len(readings) else "ok"] += 1
 
     async def stdin_loop(self) -> None:
         assert self.stdin is not None
