@@ -23,10 +23,11 @@ from operators.topl_server import LocalServer
 from stream.config import STDIN_TEMPLATE, DaemonConfig, build_config, build_operator, load_config
 from stream.device import stream_control, threshold_control
 from stream.durability import Durability
-from stream.errors import ConfigFileError, PayloadError, StreamCapError
+from stream.errors import ConfigFileError, PayloadError, StartupError, StreamCapError
 from stream.keys import KeyFileError, derive_stream_key, load_master_key
 from stream.metrics import MESSAGE_RESULTS, Metrics
 from stream.payload import decode_line, decode_payload_columns, decode_reports
+from stream.preflight import DataDirLocked, lock_data_dir, preflight
 from stream.router import ReleaseBatch, Router, StreamRecord
 from stream.sinks import PublishQueue, StdoutSink, encode_releases, encode_status
 from stream.sources import OVERLONG_LINE, MqttLink, StdinSource, TopicRouter
@@ -88,6 +89,7 @@ class Daemon:
         self.stdin_done = asyncio.Event()
         self._signals = 0
         self.durable: Durability | None = None  # durable state ([state] data_dir), see stream/durability.py
+        self._lock: IO[bytes] | None = None  # the data directory's lock (stream/preflight.py)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def serve(self) -> int:
@@ -114,7 +116,11 @@ class Daemon:
                               holdout=t.holdout, query_range=t.query_range, resolution=t.resolution, theta=t.theta)
             self.operator_factory = lambda name: LocalServer(topl)
         elif self.operator_factory is None:
-            master = load_master_key(cfg.streams.key_file, create=True)
+            try:
+                master = load_master_key(cfg.streams.key_file, create=True)
+            except OSError as exc:
+                msg = f"[streams] key_file {cfg.streams.key_file} cannot be created ({exc.strerror})"
+                raise StartupError(msg) from None
             template = cfg.template
             method = cfg.streams.method
             self.operator_factory = lambda name: build_operator(template, method, derive_stream_key(master, name))
@@ -146,9 +152,19 @@ class Daemon:
             self.stdin = StdinSource(self.stdin_stream, max_line=cfg.input.max_payload_bytes)
             stdin = self.stdin
             m.watch(m.incoming_queue, lambda: stdin.queue.qsize())
-        if cfg.state.data_dir:  # restore the stored streams, re-process the journal, checkpoint
+        if cfg.state.data_dir:  # one daemon per data directory; restore, re-process the journal, checkpoint
+            try:
+                self._lock = lock_data_dir(cfg.state.data_dir)
+            except DataDirLocked as exc:
+                raise StartupError(str(exc)) from None
+            except OSError:
+                self._lock = None  # Durability.open says what is wrong with the directory
             self.durable = Durability.open(self)
-        m.serve(cfg.metrics.host, cfg.metrics.port)
+        try:
+            m.serve(cfg.metrics.host, cfg.metrics.port)
+        except OSError as exc:
+            msg = f"[metrics] port {cfg.metrics.port} on {cfg.metrics.host} cannot be opened ({exc.strerror or exc})"
+            raise StartupError(msg) from None
         if self.install_signals:
             loop = asyncio.get_running_loop()
             for sig in HANDLED_SIGNALS:
@@ -214,6 +230,9 @@ class Daemon:
         if self.durable is not None:
             self.durable.close()
         self.metrics.close()
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.close()
         log.info("stopped: %d streams", len(self.router.streams) if hasattr(self, "router") else 0)
 
     def on_signal(self, sig: int) -> None:
@@ -602,6 +621,11 @@ def main(args: argparse.Namespace) -> int:
         for line in exc.problems:
             print(f"tops run: {line}", file=sys.stderr)
         return 2
+    problems = preflight(cfg)  # what would stop the start, all at once
+    for line in problems:
+        print(f"tops run: {line}", file=sys.stderr)
+    if problems:
+        return 2
     if args.check:
         print(f"tops run: configuration {cfg.source_path or '(defaults)'} is valid", file=sys.stderr)
         return 0
@@ -611,7 +635,7 @@ def main(args: argparse.Namespace) -> int:
         print(describe_defaults(cfg), file=sys.stderr)
     try:
         return asyncio.run(Daemon(cfg).serve())
-    except (KeyFileError, StoreError) as exc:
+    except (KeyFileError, StoreError, StartupError) as exc:
         print(f"tops run: {exc}", file=sys.stderr)
         return 2
 
