@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 
 from operators import ToPLConfig
@@ -153,6 +155,8 @@ class Daemon:
             stdin = self.stdin
             m.watch(m.incoming_queue, lambda: stdin.queue.qsize())
         if cfg.state.data_dir:  # one daemon per data directory; restore, re-process the journal, checkpoint
+            with contextlib.suppress(OSError):  # if it cannot be made, Durability.open says why
+                Path(cfg.state.data_dir).expanduser().mkdir(parents=True, exist_ok=True, mode=0o700)
             try:
                 self._lock = lock_data_dir(cfg.state.data_dir)
             except DataDirLocked as exc:
@@ -193,6 +197,8 @@ class Daemon:
             background.append(tg.create_task(self.status_loop(), name="tops.status"))
         if self.durable is not None:
             background += self.durable.start(tg)
+            if self.cfg.streams.idle_timeout > 0:
+                background.append(tg.create_task(self.evict_loop(), name="tops.evict"))
         return background
 
     async def drain(self) -> None:
@@ -509,6 +515,34 @@ class Daemon:
         for rec in self.router.streams.values():
             if rec.status_due or not due_only:
                 self.publish_status(rec)
+
+    async def evict_loop(self) -> None:
+        """Idle streams leave memory: every quarter of ``[streams] idle_timeout`` (at most a minute)."""
+        timeout = float(self.cfg.streams.idle_timeout)
+        interval = min(max(timeout / 4, 0.05), 60.0)
+        while True:
+            await asyncio.sleep(interval)
+            await self.evict_idle(timeout)
+
+    async def evict_idle(self, timeout: float) -> int:
+        """Checkpoint, then take out of memory the streams without a reading for ``timeout`` seconds. Their state
+        (operator, tick counter, last seq, open periods) is in the store: when one returns, the store restores it
+        and it continues exactly where it was (same ticks, same noise). Returns how many left."""
+        durable, router = self.durable, self.router
+        assert durable is not None
+        cutoff = time.monotonic() - timeout
+        if not any(rec.last_seen <= cutoff for rec in router.streams.values()):
+            return 0
+        await durable.checkpoint_now()
+        # Right after the checkpoint (no await in between): evict only what it saved as it is now.
+        gone = [name for name, rec in router.streams.items()
+                if rec.last_seen <= cutoff and not rec.pending and name not in router.dirty
+                and name not in durable.changed]
+        n = router.evict(gone)
+        if n:
+            self.metrics.streams_evicted.inc(n)
+            log.info("%d streams idle for %g s left memory (%d remain)", n, timeout, len(router.streams))
+        return n
 
     async def period_loop(self) -> None:
         clock = self.router.clock

@@ -60,7 +60,8 @@ def _key_problem(path: Path) -> tuple[bytes | None, str | None]:
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        return None, f"[streams] key_file {path} does not exist and cannot be created ({folder} is not a writable folder)"
+        return None, (f"[streams] key_file {path} does not exist and cannot be created ({folder} is not a writable "
+                      "folder)")
     return None, None
 
 
