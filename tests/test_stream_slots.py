@@ -75,3 +75,46 @@ def test_garbage_names_are_evicted_and_an_evicted_stream_continues_exactly(mosqu
     adm = st.admit("late", {"epsilon": 1.0})
     st.close()
     assert adm.generation == 2 and adm.state is None
+
+
+def test_poison_messages_do_not_stop_the_daemon_nor_its_restart(mosquitto, tmp_path: Path) -> None:
+    """Issue 10 item 1 against a real broker: 10^400 in ts, seq and value, alone and in a batch, sent while the
+    daemon runs and while it is down (queued by the broker, delivered at the start): the daemon stays up, counts
+    them invalid and acknowledges them, the other stream releases everything, a restart does not die."""
+    huge = "1" + "0" * 400
+    poison = [f'{{"value": 1, "ts": {huge}}}', f'{{"value": 1, "seq": {huge}}}', f'{{"value": {huge}}}',
+              f'[{{"value": 1, "ts": {huge}}}, 2]', f'{{"value": 1, "ts": 1e400}}', "[" * 50000]
+    mport = free_port()
+    cfg = daemon_config(tmp_path, mosquitto.port, mport, mqtt={"client_id": "tops-poison-test"})
+    port = mosquitto.port
+    good = np.random.default_rng(5).integers(0, 90, size=150).astype(float)
+    sub = Subscriber(port, "dp/+")
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    try:
+        daemon.wait_connected()
+        sub.wait_ready("dp/probe")
+        publish(port, "meters/p/reading", poison)
+        publish(port, "meters/good/reading", [f"{v:g}" for v in good[:60]])
+        wait_for(lambda: daemon.metrics()["tops_readings_total{result=ok}"] >= 61, 20, what="good readings")
+        m = daemon.metrics()
+        assert daemon.proc.poll() is None
+        assert m["tops_messages_total{result=invalid}"] == len(poison) - 1  # the batch keeps its valid element
+        assert m["tops_readings_total{result=invalid}"] == 1
+        assert daemon.stop() == 0
+        # while the daemon is down the broker queues poison and readings for its persistent session
+        publish(port, "meters/p/reading", poison)
+        publish(port, "meters/good/reading", [f"{v:g}" for v in good[60:]])
+        daemon = DaemonProcess(cfg, mport, tmp_path)
+        wait_for(lambda: len({p["tick"] for p in sub.payloads() if p.get("stream") == "good"}) == 100, 30,
+                 what="all good releases after the restart")
+        assert daemon.proc.poll() is None
+        assert daemon.stop() == 0
+        daemon = DaemonProcess(cfg, mport, tmp_path)  # nothing left to redeliver: it starts and stays up
+        daemon.wait_connected()
+        assert daemon.metrics()["tops_messages_total{result=invalid}"] == 0
+        assert daemon.stop() == 0
+    finally:
+        sub.close()
+        daemon.kill()
+    assert check_against_replay(sub.payloads(), good, tmp_path / "master.key", "good", tmp_path) == 100
+    assert "Traceback" not in daemon.stderr()
