@@ -83,7 +83,7 @@ def test_poison_messages_do_not_stop_the_daemon_nor_its_restart(mosquitto, tmp_p
     them invalid and acknowledges them, the other stream releases everything, a restart does not die."""
     huge = "1" + "0" * 400
     poison = [f'{{"value": 1, "ts": {huge}}}', f'{{"value": 1, "seq": {huge}}}', f'{{"value": {huge}}}',
-              f'[{{"value": 1, "ts": {huge}}}, 2]', f'{{"value": 1, "ts": 1e400}}', "[" * 50000]
+              f'[{{"value": 1, "ts": {huge}}}, 2]', '{"value": 1, "ts": 1e400}', "[" * 50000]
     mport = free_port()
     cfg = daemon_config(tmp_path, mosquitto.port, mport, mqtt={"client_id": "tops-poison-test"})
     port = mosquitto.port
