@@ -125,8 +125,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "streams": {
         "key_file": Field("str", _DEFAULT_KEY_FILE,
                           "Master key file (64 hex digits, mode 0600), created on first start if absent."),
-        "max_streams": Field("int", 10_000, "Cap on the number of streams; new streams past it are rejected "
-                             "(result `stream_cap`).", low=1),
+        "max_streams": Field("int", 10_000, "Cap on the number of streams in memory; new streams past it are "
+                             "rejected (result `stream_cap`).", low=1),
+        "idle_timeout": Field("float", 0.0, "Seconds without a reading after which a stream leaves memory and frees "
+                              "its slot (0: never). Its state is checkpointed first and it continues exactly where it "
+                              "was when it returns. Needs durable state (`[state] data_dir`) and mode `central`.",
+                              low=0),
         "method": Field("choice", "tops", "Operator of central streams: `tops`, or a baseline of the paper with "
                         "bounded state (`h16c`: no smoother; `flat`: per-tick Laplace; `counter`: binary-tree "
                         "counter). The baselines have no checkpoints: they need "
@@ -260,6 +264,77 @@ def _check_topic_pattern(p: str) -> str | None:
     return None
 
 
+def _topic_levels_overlap(a: str, b: str) -> bool:
+    """Whether two topic levels can name the same level: ``+`` matches any, a level holding ``{stream}`` matches
+    any text with its literal prefix and suffix (a stream name is at least one character)."""
+    if a == "+" or b == "+":
+        return True
+    ta, tb = "{stream}" in a, "{stream}" in b
+    if not ta and not tb:
+        return a == b
+    if ta and tb:
+        pa, sa = a.split("{stream}", 1)
+        pb, sb = b.split("{stream}", 1)
+        return (pa.startswith(pb) or pb.startswith(pa)) and (sa.endswith(sb) or sb.endswith(sa))
+    if tb:
+        a, b = b, a
+    pre, suf = a.split("{stream}", 1)
+    return len(b) > len(pre) + len(suf) and b.startswith(pre) and b.endswith(suf)
+
+
+def topics_overlap(a: str, b: str) -> bool:
+    """Whether one topic can match both ``a`` and ``b`` (MQTT filters with ``+``, or output templates with
+    ``{stream}``), checked both ways. Neither has ``#`` (the configuration refuses it).
+
+    >>> topics_overlap("meters/+/reading", "dp/{stream}"), topics_overlap("dp/+", "dp/{stream}")
+    (False, True)
+    >>> topics_overlap("+/x/reading", "dp/{stream}/reading"), topics_overlap("dp/{stream}", "dp/{stream}/status")
+    (True, False)
+    """
+    la, lb = a.split("/"), b.split("/")
+    return len(la) == len(lb) and all(_topic_levels_overlap(x, y) for x, y in zip(la, lb, strict=True))
+
+
+def _template_problems(template_doc: dict[str, Any]) -> tuple[ToPSConfig | None, list[str]]:
+    """The stream template and every problem in it, one line each: ToPSConfig stops at its first problem, so
+    the offending key is set aside (default, or a placeholder for the required ones) and the check runs again."""
+    problems: list[str] = []
+    doc = dict(template_doc)
+    placeholders = {"epsilon": 1.0, "bound": 1e9, "resolution": 1.0}
+    defaults = {f.name: f.default for f in dataclasses.fields(ToPSConfig) if f.default is not dataclasses.MISSING}
+    for _ in range(len(doc) + 2):
+        try:
+            template = ToPSConfig(**doc)
+        except ConfigError as exc:
+            msg = str(exc)
+            problems.append(f"[streams.template] {msg}")
+            key = msg.split(" ", 1)[0]
+            if key not in doc or doc.get(key) == placeholders.get(key, defaults.get(key)):
+                break  # a problem between keys: reported, nothing more to set aside
+            doc[key] = placeholders.get(key, defaults.get(key))
+        else:
+            return (template if not problems else None), problems
+    return None, problems
+
+
+def _release_probe(template: ToPSConfig, method: str) -> str | None:
+    """Run the stream template's operator on two test streams (all zeros, all at the bound) through its holdout and
+    the first leaves: None if it releases, else the problem (e.g. ``epsilon = 1e300``, where the noise's parameter
+    underflows: every tick would fail). A zero key; nothing leaves this function."""
+    import numpy as np
+
+    n = template.holdout_ticks + min(template.query_range, 1 << 16) + 1
+    for fill in (0.0, template.bound):
+        try:
+            op = build_operator(template, method, bytes(32))
+            op.process(np.full(n, fill))
+        except (ArithmeticError, ValueError) as exc:
+            way = "smaller" if template.epsilon > 1 else "larger"
+            return (f"[streams.template] epsilon = {template.epsilon:g} cannot be released with these parameters "
+                    f"(the operator fails on a test stream: {type(exc).__name__}); use a {way} epsilon")
+    return None
+
+
 def build_config(doc: dict[str, Any], source_path: str | None = None,
                  template_overrides: dict[str, Any] | None = None) -> DaemonConfig:
     """Validate a parsed TOML document; raise :class:`ConfigFileError` listing every problem."""
@@ -302,10 +377,31 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
     bad_sinks = [s for s in out["sinks"] if s not in ("mqtt", "stdout")]
     if bad_sinks:
         problems.append(f"[output] sinks must be a list of mqtt, stdout (got {bad_sinks!r})")
+    bad_template = False
     for key in ("topic", "status_topic"):
         t = out[key]
         if (t or key == "topic") and ("{stream}" not in t or "+" in t or "#" in t):
             problems.append(f"[output] {key} must contain '{{stream}}' and no wildcard (got {t!r})")
+            bad_template = True
+    if out["status_topic"] and out["status_topic"] == out["topic"]:
+        problems.append("[output] status_topic must differ from topic (status messages would mix with releases)")
+    ctl_topic = sections["local"]["control_topic"]
+    outputs = []
+    if "mqtt" in out["sinks"] and not bad_template:
+        outputs += [("[output] topic", out["topic"])]
+        if out["status_topic"] and out["status_topic"] != out["topic"]:
+            outputs += [("[output] status_topic", out["status_topic"])]
+            if topics_overlap(out["topic"], out["status_topic"]):
+                problems.append(f"[output] status_topic {out['status_topic']!r} overlaps topic {out['topic']!r} "
+                                "(a stream's status could land on another stream's releases)")
+    if sections["streams"]["mode"] == "local" and "{stream}" in ctl_topic and "+" not in ctl_topic:
+        outputs += [("[local] control_topic", ctl_topic)]
+    if inp["source"] == "mqtt":
+        for p in inp["topics"]:
+            for what, t in outputs:
+                if "#" not in p and topics_overlap(p, t):
+                    problems.append(f"[input] topics: pattern {p!r} overlaps {what} {t!r} (the daemon would "
+                                    "consume its own output)")
     method = sections["streams"]["method"]
     if method != "tops" and sections["streams"]["mode"] == "local":
         problems.append(f"[streams] method {method!r} is for central streams; mode local runs ToPL")
@@ -334,7 +430,13 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
             problems.append(f"[mqtt] {key} {mq[key]!r} does not exist")
     if bool(mq["cert_file"]) != bool(mq["key_file"]):
         problems.append("[mqtt] cert_file and key_file go together")
-    # Stream template -> ToPSConfig (one line from its own check).
+    if sections["streams"]["idle_timeout"] > 0:
+        if sections["streams"]["mode"] == "local":
+            problems.append("[streams] idle_timeout is for central streams (mode local keeps its [local] streams)")
+        elif not st["data_dir"]:
+            problems.append("[streams] idle_timeout needs durable state ([state] data_dir): without it an evicted "
+                            "stream could not continue its noise and must not start it again on the same key")
+    # Stream template -> ToPSConfig (every problem, one line each).
     template_doc.update(template_overrides or {})
     tpl_fields = {f.name for f in dataclasses.fields(ToPSConfig)}
     unknown = [k for k in template_doc if k not in tpl_fields]
@@ -346,12 +448,12 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
     if missing:
         problems.append(f"[streams.template] {' and '.join(missing)} required (or --{missing[0]} on the command line)")
     else:
-        try:
-            template = ToPSConfig(**template_doc)
-        except ConfigError as exc:
-            problems.append(f"[streams.template] {exc}")
-        except TypeError as exc:  # pragma: no cover - guarded by the unknown-key check
-            problems.append(f"[streams.template] {exc}")
+        template, tpl_problems = _template_problems(template_doc)
+        problems += tpl_problems
+        if template is not None and sections["streams"]["mode"] == "central" and method in DAEMON_METHODS:
+            err = _release_probe(template, method)
+            if err:
+                problems.append(err)
     if template is not None:
         if template.lower != 0 and (method != "tops" or sections["streams"]["mode"] == "local"):
             problems.append("[streams.template] lower is supported by central `tops` streams only (the baselines "

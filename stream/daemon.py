@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 
 from operators import ToPLConfig
@@ -23,13 +25,14 @@ from operators.topl_server import LocalServer
 from stream.config import STDIN_TEMPLATE, DaemonConfig, build_config, build_operator, load_config
 from stream.device import stream_control, threshold_control
 from stream.durability import Durability
-from stream.errors import ConfigFileError, PayloadError, StreamCapError
+from stream.errors import ConfigFileError, PayloadError, StartupError, StreamCapError
 from stream.keys import KeyFileError, derive_stream_key, load_master_key, new_identity
-from stream.metrics import Metrics
+from stream.metrics import MESSAGE_RESULTS, Metrics
 from stream.payload import decode_line, decode_payload_columns, decode_reports
+from stream.preflight import DataDirLocked, lock_data_dir, preflight
 from stream.router import ReleaseBatch, Router, StreamRecord
 from stream.sinks import PublishQueue, StdoutSink, encode_releases, encode_status
-from stream.sources import MqttLink, StdinSource, TopicRouter
+from stream.sources import OVERLONG_LINE, MqttLink, StdinSource, TopicRouter
 from stream.store import StoreError
 from stream.ticking import PeriodClock
 
@@ -79,7 +82,7 @@ class Daemon:
         self.metrics = Metrics(counts_protected=cfg.ticks.mode == "period" and cfg.ticks.aggregate == "count")
         self.stopping = asyncio.Event()
         self.rejected = RateLimitedLog()
-        self.msg_counts = dict.fromkeys(("ok", "invalid", "too_large", "invalid_topic", "stream_cap"), 0)
+        self.msg_counts = dict.fromkeys(MESSAGE_RESULTS, 0)
         self.cap_readings = 0
         self.stdout_written = 0
         self.epsilon = cfg.template.epsilon
@@ -92,6 +95,7 @@ class Daemon:
         # stream keys derive from this run's random identity, or from the state store's (stream/keys.py)
         self.identity = new_identity()
         self.identity_durable = False
+        self._lock: IO[bytes] | None = None  # the data directory's lock (stream/preflight.py)
 
     def set_identity(self, identity: str, *, durable: bool) -> None:
         """Use the state store's identity instead of the run's (called before any stream exists)."""
@@ -123,7 +127,11 @@ class Daemon:
                               holdout=t.holdout, query_range=t.query_range, resolution=t.resolution, theta=t.theta)
             self.operator_factory = lambda name: LocalServer(topl)
         elif self.operator_factory is None:
-            master = load_master_key(cfg.streams.key_file, create=True)
+            try:
+                master = load_master_key(cfg.streams.key_file, create=True)
+            except OSError as exc:
+                msg = f"[streams] key_file {cfg.streams.key_file} cannot be created ({exc.strerror})"
+                raise StartupError(msg) from None
             template = cfg.template
             method = cfg.streams.method
             self.operator_factory = lambda name: build_operator(
@@ -136,6 +144,7 @@ class Daemon:
         m = self.metrics
         m.watch(m.streams_active, lambda: len(self.router.streams))
         m.watch(m.streams_holdout, lambda: self.router.in_holdout)
+        m.watch(m.streams_failed, lambda: self.router.failed)
         if cfg.uses_mqtt:
             self.pubq = PublishQueue(cfg.output.publish_queue)
             mqtt_out = "mqtt" in cfg.output.sinks
@@ -155,10 +164,22 @@ class Daemon:
             self.stdin = StdinSource(self.stdin_stream, max_line=cfg.input.max_payload_bytes)
             stdin = self.stdin
             m.watch(m.incoming_queue, lambda: stdin.queue.qsize())
-        if cfg.state.data_dir:  # restore the stored streams, re-process the journal, checkpoint
+        if cfg.state.data_dir:  # one daemon per data directory; restore, re-process the journal, checkpoint
+            with contextlib.suppress(OSError):  # if it cannot be made, Durability.open says why
+                Path(cfg.state.data_dir).expanduser().mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                self._lock = lock_data_dir(cfg.state.data_dir)
+            except DataDirLocked as exc:
+                raise StartupError(str(exc)) from None
+            except OSError:
+                self._lock = None  # Durability.open says what is wrong with the directory
             self.durable = Durability.open(self)
         self.announce_identity()
-        m.serve(cfg.metrics.host, cfg.metrics.port)
+        try:
+            m.serve(cfg.metrics.host, cfg.metrics.port)
+        except OSError as exc:
+            msg = f"[metrics] port {cfg.metrics.port} on {cfg.metrics.host} cannot be opened ({exc.strerror or exc})"
+            raise StartupError(msg) from None
         if self.install_signals:
             loop = asyncio.get_running_loop()
             for sig in HANDLED_SIGNALS:
@@ -193,6 +214,8 @@ class Daemon:
             background.append(tg.create_task(self.status_loop(), name="tops.status"))
         if self.durable is not None:
             background += self.durable.start(tg)
+            if self.cfg.streams.idle_timeout > 0:
+                background.append(tg.create_task(self.evict_loop(), name="tops.evict"))
         return background
 
     async def drain(self) -> None:
@@ -230,6 +253,9 @@ class Daemon:
         if self.durable is not None:
             self.durable.close()
         self.metrics.close()
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.close()
         log.info("stopped: %d streams", len(self.router.streams) if hasattr(self, "router") else 0)
 
     def on_signal(self, sig: int) -> None:
@@ -260,48 +286,88 @@ class Daemon:
         return rec
 
     def on_mqtt_messages(self, messages: list[Any]) -> None:
-        """Decode, validate and route a batch of MQTT messages, then process and emit."""
+        """Decode, validate and route a batch of MQTT messages, then process and emit.
+
+        Nothing a message holds stops the daemon: a message whose handling raises is counted ``failed`` (and
+        acknowledged with the others), the stream it touched is marked failed, the other streams go on."""
         now = time.time()
-        counts, router, add_many = self.msg_counts, self.router, self.router.add_many
-        limit, topic_stream, streams = self.cfg.input.max_payload_bytes, self.topics.stream, router.streams
+        one = self.on_mqtt_message
         for m in messages:
-            payload = m.payload
-            if not isinstance(payload, bytes | bytearray):
-                payload = b"" if payload is None else str(payload).encode()
-            if len(payload) > limit:
-                counts["too_large"] += 1
-                self.rejected("too_large", f"payload larger than max_payload_bytes = {limit}")
-                continue
-            name = topic_stream(m.topic.value)
-            if name is None:
-                counts["invalid_topic"] += 1
-                self.rejected("invalid_topic", "topic matches no input pattern or names no valid stream")
-                continue
-            if self.local:
-                self.on_reports(name, payload, now)
-                continue
             try:
-                values, ts, seqs, bad = decode_payload_columns(payload)
-            except PayloadError as exc:
-                counts["invalid"] += 1
-                self.rejected("invalid", exc.reason, f"message for stream {name!r}")
-                continue
-            if not values:  # a batch without one valid element
-                counts["invalid"] += 1
-                self.rejected("invalid", "batch elements that are not finite numbers", f"message for {name!r}")
-                continue
-            rec = streams.get(name) or self.stream_record(name, now)
-            if rec is None:
-                counts["stream_cap"] += 1
-                self.cap_readings += len(values)
-                continue
-            counts["ok"] += 1
-            if bad:
-                router.counts["invalid"] += bad
-                self.rejected("invalid", "batch elements that are not finite numbers",
-                              f"readings for stream {name!r}")
-            add_many(rec, values, ts, seqs, now)
-        self.step()
+                one(m, now)
+            except OSError:  # the journal's disk: what a full disk does is decided there
+                raise
+            except Exception as exc:
+                self.message_failed(exc, "message")
+        self.safe_step()
+
+    def message_failed(self, exc: Exception, where: str, rec: StreamRecord | None = None) -> None:
+        """A message whose handling raised: counted ``failed``; logged with the exception's type only."""
+        self.msg_counts["failed"] += 1
+        self.rejected("failed", f"handling raised {type(exc).__name__}", where)
+        if rec is not None:
+            self.router.fail(rec, f"a message raised {type(exc).__name__}")
+
+    def safe_step(self) -> None:
+        """:meth:`step`; an exception outside the operators (which fail their stream only) is logged, not fatal."""
+        try:
+            self.step()
+        except OSError:
+            raise
+        except Exception as exc:
+            log.error("processing step failed (%s); the daemon goes on", type(exc).__name__)
+
+    def on_mqtt_message(self, m: Any, now: float) -> None:
+        """One MQTT message: size, topic, decoding, stream, then its readings into the router."""
+        counts, router = self.msg_counts, self.router
+        payload = m.payload
+        if not isinstance(payload, bytes | bytearray):
+            payload = b"" if payload is None else str(payload).encode()
+        limit = self.cfg.input.max_payload_bytes
+        if len(payload) > limit:
+            counts["too_large"] += 1
+            self.rejected("too_large", f"payload larger than max_payload_bytes = {limit}")
+            return
+        name = self.topics.stream(m.topic.value)
+        if name is None:
+            counts["invalid_topic"] += 1
+            self.rejected("invalid_topic", "topic matches no input pattern or names no valid stream")
+            return
+        if self.local:
+            self.on_reports(name, payload, now)
+            return
+        try:
+            values, ts, seqs, bad = decode_payload_columns(payload)
+        except PayloadError as exc:
+            counts["invalid"] += 1
+            self.rejected("invalid", exc.reason, f"message for stream {name!r}")
+            return
+        if not values:  # a batch without one valid element
+            counts["invalid"] += 1
+            self.rejected("invalid", "batch elements that are not finite numbers", f"message for {name!r}")
+            return
+        rec = router.streams.get(name) or self.stream_record(name, now)
+        if rec is None:
+            counts["stream_cap"] += 1
+            self.cap_readings += len(values)
+            return
+        if rec.failed:
+            counts["failed"] += 1
+            router.counts["failed"] += len(values)
+            self.rejected("failed", "the stream is marked failed", f"message for stream {name!r}")
+            return
+        if bad:
+            router.counts["invalid"] += bad
+            self.rejected("invalid", "batch elements that are not finite numbers",
+                          f"readings for stream {name!r}")
+        try:
+            router.add_many(rec, values, ts, seqs, now)
+        except OSError:
+            raise
+        except Exception as exc:
+            self.message_failed(exc, f"message for stream {name!r}", rec)
+            return
+        counts["ok"] += 1
 
     def on_reports(self, name: str, payload: bytes, now: float) -> None:
         """Local mode: decode device reports, keep those made for the stream's current phase and theta."""
@@ -320,43 +386,75 @@ class Daemon:
         if not reports:
             counts["invalid"] += 1
             return
-        counts["ok"] += 1
+        if rec.failed:
+            counts["failed"] += 1
+            router.counts["failed"] += len(reports)
+            return
         router.counts["invalid"] += bad
         op = rec.operator
-        for y, ts, seq, phase, theta in reports:
-            verdict = op.accepts(phase, theta, y)
-            if verdict != "ok":  # checked one by one: a batch may cross the switch of phase
-                router.counts["invalid"] += 1
-                self.rejected("invalid", f"{verdict} report (another phase or theta, or out of range)",
-                              f"stream {name!r}")
-                continue
-            router.add(rec, y, ts, seq, now)
+        try:
+            for y, ts, seq, phase, theta in reports:
+                verdict = op.accepts(phase, theta, y)
+                if verdict != "ok":  # checked one by one: a batch may cross the switch of phase
+                    router.counts["invalid"] += 1
+                    self.rejected("invalid", f"{verdict} report (another phase or theta, or out of range)",
+                                  f"stream {name!r}")
+                    continue
+                router.add(rec, y, ts, seq, now)
+        except OSError:
+            raise
+        except Exception as exc:
+            self.message_failed(exc, f"message for stream {name!r}", rec)
+            return
+        counts["ok"] += 1
 
     def on_lines(self, lines: list[bytes]) -> None:
-        """Decode, validate and route stdin lines (a line is one message), then process and emit."""
+        """Decode, validate and route stdin lines (a line is one message), then process and emit. As with MQTT, a
+        line whose handling raises is counted ``failed`` and the stream it touched is marked failed."""
         now = time.time()
-        counts, router, default = self.msg_counts, self.router, self.cfg.input.default_stream
         for line in lines:
             try:
-                readings, bad = decode_line(line)
-            except PayloadError as exc:
-                counts["invalid"] += 1
-                self.rejected("invalid", exc.reason, "stdin line")
-                continue
-            if not readings:
-                if bad:
-                    counts["invalid"] += 1
-                continue
-            counts["ok"] += 1
+                self.on_line(line, now)
+            except OSError:
+                raise
+            except Exception as exc:
+                self.message_failed(exc, "stdin line")
+        self.safe_step()
+
+    def on_line(self, line: bytes, now: float) -> None:
+        counts, router = self.msg_counts, self.router
+        limit = self.cfg.input.max_payload_bytes
+        if line == OVERLONG_LINE or len(line) > limit:  # the reader cut a line longer than the limit
+            counts["too_large"] += 1
+            self.rejected("too_large", f"line longer than max_payload_bytes = {limit}", "stdin line")
+            return
+        try:
+            readings, bad = decode_line(line)
+        except PayloadError as exc:
+            counts["invalid"] += 1
+            self.rejected("invalid", exc.reason, "stdin line")
+            return
+        if not readings:
             if bad:
-                router.counts["invalid"] += bad
-            for name, value, ts, seq in readings:
-                rec = self.stream_record(name or default, now)
-                if rec is None:
-                    self.cap_readings += 1
-                    continue
-                router.add(rec, value, ts, seq, now)
-        self.step()
+                counts["invalid"] += 1
+            return
+        if bad:
+            router.counts["invalid"] += bad
+        default, failed = self.cfg.input.default_stream, 0
+        for name, value, ts, seq in readings:
+            rec = self.stream_record(name or default, now)
+            if rec is None:
+                self.cap_readings += 1
+                continue
+            try:
+                if router.add(rec, value, ts, seq, now) == "failed":
+                    failed += 1
+            except OSError:
+                raise
+            except Exception as exc:
+                self.message_failed(exc, f"stdin line for stream {rec.name!r}", rec)
+                return
+        counts["failed" if failed == len(readings) else "ok"] += 1
 
     async def stdin_loop(self) -> None:
         assert self.stdin is not None
@@ -435,6 +533,34 @@ class Daemon:
         for rec in self.router.streams.values():
             if rec.status_due or not due_only:
                 self.publish_status(rec)
+
+    async def evict_loop(self) -> None:
+        """Idle streams leave memory: every quarter of ``[streams] idle_timeout`` (at most a minute)."""
+        timeout = float(self.cfg.streams.idle_timeout)
+        interval = min(max(timeout / 4, 0.05), 60.0)
+        while True:
+            await asyncio.sleep(interval)
+            await self.evict_idle(timeout)
+
+    async def evict_idle(self, timeout: float) -> int:
+        """Checkpoint, then take out of memory the streams without a reading for ``timeout`` seconds. Their state
+        (operator, tick counter, last seq, open periods) is in the store: when one returns, the store restores it
+        and it continues exactly where it was (same ticks, same noise). Returns how many left."""
+        durable, router = self.durable, self.router
+        assert durable is not None
+        cutoff = time.monotonic() - timeout
+        if not any(rec.last_seen <= cutoff for rec in router.streams.values()):
+            return 0
+        await durable.checkpoint_now()
+        # Right after the checkpoint (no await in between): evict only what it saved as it is now.
+        gone = [name for name, rec in router.streams.items()
+                if rec.last_seen <= cutoff and not rec.pending and name not in router.dirty
+                and name not in durable.changed]
+        n = router.evict(gone)
+        if n:
+            self.metrics.streams_evicted.inc(n)
+            log.info("%d streams idle for %g s left memory (%d remain)", n, timeout, len(router.streams))
+        return n
 
     async def period_loop(self) -> None:
         clock = self.router.clock
@@ -546,6 +672,11 @@ def main(args: argparse.Namespace) -> int:
         for line in exc.problems:
             print(f"tops run: {line}", file=sys.stderr)
         return 2
+    problems = preflight(cfg)  # what would stop the start, all at once
+    for line in problems:
+        print(f"tops run: {line}", file=sys.stderr)
+    if problems:
+        return 2
     if args.check:
         print(f"tops run: configuration {cfg.source_path or '(defaults)'} is valid", file=sys.stderr)
         return 0
@@ -555,7 +686,7 @@ def main(args: argparse.Namespace) -> int:
         print(describe_defaults(cfg), file=sys.stderr)
     try:
         return asyncio.run(Daemon(cfg).serve())
-    except (KeyFileError, StoreError) as exc:
+    except (KeyFileError, StoreError, StartupError) as exc:
         print(f"tops run: {exc}", file=sys.stderr)
         return 2
 

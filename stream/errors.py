@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigFileError", "PayloadError", "StreamCapError", "TopsRuntimeError"]
+__all__ = ["ConfigFileError", "PayloadError", "StartupError", "StreamCapError", "TopsRuntimeError"]
 
 
 class TopsRuntimeError(Exception):
@@ -28,3 +28,7 @@ class PayloadError(TopsRuntimeError):
 
 class StreamCapError(TopsRuntimeError):
     """A new stream would exceed the configured ``max_streams``."""
+
+
+class StartupError(TopsRuntimeError):
+    """The daemon cannot start (a port in use, a folder it cannot write): one line, exit code 2."""

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 __all__ = ["EVENT_RESULTS", "MESSAGE_RESULTS", "READING_RESULTS", "Metrics"]
 
 # Fixed label values: the label sets are bounded by construction.
-MESSAGE_RESULTS = ("ok", "invalid", "too_large", "invalid_topic", "stream_cap")
-READING_RESULTS = ("ok", "invalid", "late", "duplicate", "stream_cap")
+MESSAGE_RESULTS = ("ok", "invalid", "too_large", "invalid_topic", "stream_cap", "failed")
+READING_RESULTS = ("ok", "invalid", "late", "duplicate", "stream_cap", "failed")
 SINKS = ("mqtt", "stdout")
 
 # Time to turn one stream's batch of ticks into releases: tens of microseconds to a few hundred milliseconds.
@@ -53,6 +53,11 @@ class Metrics:
                                         "was full.", registry=r)
         self.streams_active = Gauge("tops_streams_active", "Streams known to the daemon.", registry=r)
         self.streams_holdout = Gauge("tops_streams_holdout", "Streams still in their holdout.", registry=r)
+        self.streams_failed = Gauge("tops_streams_failed", "Streams marked failed (their operator raised): they "
+                                    "take no readings until the daemon restarts.", registry=r)
+        self.streams_evicted = Counter("tops_streams_evicted", "Streams that left memory after `[streams] "
+                                       "idle_timeout` without a reading (their state stays in the store).",
+                                       registry=r)
         self.mqtt_connected = Gauge("tops_mqtt_connected", "1 while connected to the broker.", registry=r)
         self.mqtt_reconnects = Counter("tops_mqtt_reconnects", "Successful reconnections after a lost or "
                                        "failed connection.", registry=r)

@@ -2,8 +2,9 @@
 
 Decoding never echoes the raw payload: errors carry a short reason only. A reading's value must be a finite
 number (booleans and strings are not numbers; values outside ``[lower, bound]`` are clamped by the operator, never
-dropped, since a missing tick would reveal them); ``ts`` is a finite number of seconds since the Unix epoch,
-``seq`` an integer >= 0.
+dropped, since a missing tick would reveal them); ``ts`` a number of seconds since the Unix epoch within
+[``TS_MIN``, ``TS_MAX``] (1970 to 2100); ``seq`` an integer in [0, 2^63). Every field is range-checked here: nothing
+a payload holds (an integer of 400 digits, deep nesting, a NaN token) raises anything but :class:`PayloadError`.
 
 >>> decode_payload(b"12.5")
 ([(None, 12.5, None, None)], 0)
@@ -27,12 +28,18 @@ from typing import Any
 
 from stream.errors import PayloadError
 
-__all__ = ["Reading", "check_stream_name", "decode_line", "decode_payload", "decode_payload_columns"]
+__all__ = ["SEQ_LIMIT", "TS_MAX", "TS_MIN", "Reading", "check_stream_name", "decode_line", "decode_payload",
+           "decode_payload_columns", "decode_reports"]
 
 # (stream or None, value, ts or None, seq or None); a plain tuple keeps the per-message work small.
 Reading = tuple[str | None, float, float | None, int | None]
 
 _BAD_VALUE = "value is not a finite number"
+_BAD_TS = "'ts' is not a number of seconds between 1970 and 2100"
+_BAD_SEQ = "'seq' is not an integer in [0, 2^63)"
+TS_MIN = 0.0
+TS_MAX = 4_102_444_800.0  # 2100-01-01T00:00:00Z
+SEQ_LIMIT = 1 << 63  # seq is a non-negative 63-bit integer (it is stored as SQLite INTEGER and compared as one)
 _MAX_NAME = 128
 _FORBIDDEN = frozenset("/+#")
 
@@ -57,6 +64,19 @@ def _value(x: Any) -> float:
     raise PayloadError(_BAD_VALUE)
 
 
+def _ts(x: Any, reason: str = _BAD_TS) -> float:
+    """A timestamp in [TS_MIN, TS_MAX] (an int is compared before any conversion: 10^400 never meets ``float``)."""
+    if (type(x) is float or type(x) is int) and TS_MIN <= x <= TS_MAX:  # NaN fails the comparison
+        return float(x)
+    raise PayloadError(reason)
+
+
+def _seq(x: Any, reason: str = _BAD_SEQ) -> int:
+    if type(x) is int and 0 <= x < SEQ_LIMIT:
+        return x
+    raise PayloadError(reason)
+
+
 def _object(obj: dict[str, Any], with_stream: bool) -> Reading:
     if "value" not in obj:
         msg = "object has no 'value'"
@@ -64,14 +84,10 @@ def _object(obj: dict[str, Any], with_stream: bool) -> Reading:
     value = _value(obj["value"])
     ts = obj.get("ts")
     if ts is not None:
-        if type(ts) not in (int, float) or not math.isfinite(ts):
-            msg = "'ts' is not a finite number"
-            raise PayloadError(msg)
-        ts = float(ts)
+        ts = _ts(ts)
     seq = obj.get("seq")
-    if seq is not None and (type(seq) is not int or seq < 0):
-        msg = "'seq' is not an integer >= 0"
-        raise PayloadError(msg)
+    if seq is not None:
+        seq = _seq(seq)
     stream = None
     if with_stream and "stream" in obj:
         stream = check_stream_name(obj["stream"])
@@ -109,7 +125,7 @@ def _plain_values(doc: list[Any]) -> list[float] | None:
 def _load(data: bytes | str) -> Any:
     try:
         return json.loads(data)
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError, MemoryError):
         msg = "payload is not a number or valid JSON"
         raise PayloadError(msg) from None
 
@@ -234,9 +250,7 @@ def decode_line(line: bytes) -> tuple[list[Reading], int]:
                 ts = float(parts[2])
             except ValueError:
                 ts = math.nan
-            if not math.isfinite(ts):
-                msg = "ts is not a finite number"
-                raise PayloadError(msg)
+            ts = _ts(ts, "ts is not a number of seconds between 1970 and 2100")
         return [(name, value, ts, None)], 0
     readings, bad = decode_payload(line)
     return readings, bad
@@ -249,31 +263,43 @@ Report = tuple[float, float | None, int | None, str, float | None]
 _PHASES = ("threshold", "stream")
 
 
+_REPORT_LIMIT = 2.0**1023  # a report or theta beyond it is no float a device could have sent
+
+
+def _finite(x: Any) -> float | None:
+    """``x`` as a finite float, or None (booleans, strings, NaN, infinities and integers too large for a float)."""
+    if type(x) is float:
+        return x if math.isfinite(x) else None
+    if type(x) is int and -_REPORT_LIMIT < x < _REPORT_LIMIT:
+        return float(x)
+    return None
+
+
 def _report(obj: Any) -> Report:
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:
         msg = "a report must be a JSON object"
         raise PayloadError(msg)
-    y = obj.get("report")
-    if isinstance(y, bool) or not isinstance(y, int | float) or not math.isfinite(y):
+    y = _finite(obj.get("report"))
+    if y is None:
         msg = "report is not a finite number"
         raise PayloadError(msg)
     phase = obj.get("phase")
-    if phase not in _PHASES:
+    if type(phase) is not str or phase not in _PHASES:
         msg = "report phase must be 'threshold' or 'stream'"
         raise PayloadError(msg)
     theta = obj.get("theta")
-    if theta is not None and (isinstance(theta, bool) or not isinstance(theta, int | float) or not theta > 0):
-        msg = "report theta must be a positive number"
-        raise PayloadError(msg)
+    if theta is not None:
+        theta = _finite(theta)
+        if theta is None or not theta > 0:
+            msg = "report theta must be a positive number"
+            raise PayloadError(msg)
     ts = obj.get("ts")
-    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts)):
-        msg = "ts must be a finite number"
-        raise PayloadError(msg)
+    if ts is not None:
+        ts = _ts(ts, "ts must be a number of seconds between 1970 and 2100")
     seq = obj.get("seq")
-    if seq is not None and (type(seq) is not int or seq < 0):
-        msg = "seq must be an integer >= 0"
-        raise PayloadError(msg)
-    return float(y), None if ts is None else float(ts), seq, phase, None if theta is None else float(theta)
+    if seq is not None:
+        seq = _seq(seq, "seq must be an integer in [0, 2^63)")
+    return y, ts, seq, phase, theta
 
 
 def decode_reports(data: bytes) -> tuple[list[Report], int]:
@@ -286,10 +312,10 @@ def decode_reports(data: bytes) -> tuple[list[Report], int]:
     """
     try:
         doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError, MemoryError):
         msg = "not a JSON report"
         raise PayloadError(msg) from None
-    if isinstance(doc, list):
+    if type(doc) is list:
         out: list[Report] = []
         bad = 0
         for el in doc:

@@ -4,6 +4,10 @@ Every stream has one :class:`StreamRecord`: its name, operator, last ``seq``, ti
 processed. It is the one place that holds a stream's state (what a checkpoint will save). ``flush`` processes
 each stream's pending ticks as one batch with ``operator.process`` (the same code as ``tops replay``) and hands
 the released ticks to ``emit``.
+
+A stream whose operator raises is marked *failed* (:meth:`Router.fail`): its status says so, it takes no more
+readings (result ``failed``) until the daemon restarts, and the other streams go on. A stream idle for
+``[streams] idle_timeout`` leaves memory (:meth:`Router.evict`, after a checkpoint of its state: see the daemon).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ __all__ = ["ReleaseBatch", "Router", "StreamRecord"]
 
 log = logging.getLogger("tops.router")
 
+_COUNTS = ("ok", "late", "duplicate", "invalid", "failed")
+
 
 @dataclass(slots=True, eq=False)
 class StreamRecord:
@@ -42,9 +48,14 @@ class StreamRecord:
     phase: str = "holdout"
     status_due: bool = True
     identity: str = ""  # the run's or the store's identity its key derives from (stream/keys.py; not secret)
+    failed: bool = False
+    last_seen: float = 0.0  # time.monotonic() of the last reading taken (idle eviction)
 
     def status(self) -> dict[str, Any]:
         """The retained status message of this stream (with the identity that ``tops replay --identity`` takes)."""
+        if self.failed:
+            return {"stream": self.name, "phase": "failed", "identity": self.identity} if self.identity else {
+                "stream": self.name, "phase": "failed"}
         op = self.operator
         if op.phase == "holdout":
             st = {"stream": self.name, "phase": "holdout", "holdout_left": int(op.holdout_left)}
@@ -79,7 +90,8 @@ class Router:
         self.streams: dict[str, StreamRecord] = {}
         self.dirty: dict[str, StreamRecord] = {}
         self.in_holdout = 0
-        self.counts = {"ok": 0, "late": 0, "duplicate": 0, "invalid": 0}
+        self.counts = dict.fromkeys(_COUNTS, 0)
+        self.failed = 0  # streams marked failed
         self.ticks_processed = 0
         self.ticks_total = 0  # ticks processed since the start, never reset (checkpoint every N ticks)
         self.latencies: list[float] = []
@@ -95,7 +107,8 @@ class Router:
             msg = f"stream cap of {self.max_streams} reached"
             raise StreamCapError(msg)
         op = self.factory(name)
-        rec = StreamRecord(name=name, operator=op, name_json=json.dumps(name), phase=op.phase)
+        rec = StreamRecord(name=name, operator=op, name_json=json.dumps(name), phase=op.phase,
+                           last_seen=time.monotonic())
         if self.clock is not None:
             rec.bins = PeriodBins(self.clock.last_closable(time.time() if now is None else now) + 1)
         self.streams[name] = rec
@@ -105,7 +118,10 @@ class Router:
         return rec
 
     def add(self, rec: StreamRecord, value: float, ts: float | None, seq: int | None, now: float) -> str:
-        """Accept one reading into its stream; returns the result label (ok, duplicate, late, invalid)."""
+        """Accept one reading into its stream; returns the result label (ok, duplicate, late, invalid, failed)."""
+        if rec.failed:
+            self.counts["failed"] += 1
+            return "failed"
         if seq is not None:
             if rec.last_seq is not None and seq <= rec.last_seq:
                 self.counts["duplicate"] += 1
@@ -131,6 +147,7 @@ class Router:
             rec.last_seq = seq
         self.counts["ok"] += 1
         self.dirty[rec.name] = rec
+        rec.last_seen = time.monotonic()
         return "ok"
 
     _accept = add  # the router's own add (durable state wraps ``add`` and ``add_many`` on the instance)
@@ -141,6 +158,9 @@ class Router:
         returns the indexes of the accepted readings, or None when all of them were accepted.
 
         Readings without ts and seq in mode ``reading`` (the common batch) are taken without a call per reading."""
+        if rec.failed:
+            self.counts["failed"] += len(values)
+            return []
         if (ts is None and seqs is None and rec.bins is None
                 and not (rec.phase == "holdout" and getattr(rec.operator, "takes_reports", False))):
             if values:
@@ -148,6 +168,7 @@ class Router:
                 rec.pending_ts += [now] * len(values)
                 self.counts["ok"] += len(values)
                 self.dirty[rec.name] = rec
+                rec.last_seen = time.monotonic()
             return None
         accept = self._accept
         kept = [i for i, v in enumerate(values)
@@ -173,9 +194,37 @@ class Router:
         try:
             return self._process_batch(rec, values, ts)
         except Exception as exc:  # an operator bug must not stop the other streams
-            log.error("stream %r: operator failed (%s); %d ticks not released", rec.name, type(exc).__name__,
-                      len(values))
+            self.fail(rec, f"operator failed ({type(exc).__name__}); {len(values)} ticks not released")
             return None
+
+    def fail(self, rec: StreamRecord, what: str) -> None:
+        """Mark a stream failed: no more readings (result ``failed``) until a restart; its status says so at once.
+        ``what`` names the failure, never a value."""
+        if rec.failed:
+            return
+        log.error("stream %r failed: %s; it takes no more readings until the daemon restarts", rec.name, what)
+        rec.failed = True
+        rec.pending, rec.pending_ts = [], []
+        if rec.phase == "holdout":
+            self.in_holdout -= 1
+        rec.phase = "failed"
+        self.failed += 1
+        self.status_now.append(rec)
+
+    def evict(self, names: list[str]) -> int:
+        """Remove idle streams from memory (their state was checkpointed by the caller); returns how many."""
+        n = 0
+        for name in names:
+            rec = self.streams.pop(name, None)
+            if rec is None:
+                continue
+            self.dirty.pop(name, None)
+            if rec.phase == "holdout":
+                self.in_holdout -= 1
+            if rec.failed:
+                self.failed -= 1
+            n += 1
+        return n
 
     def _process_batch(self, rec: StreamRecord, values: list[float], ts: list[float]) -> ReleaseBatch | None:
         t0 = time.perf_counter()
@@ -232,6 +281,8 @@ class Router:
         last = clock.last_closable(now)
         for rec in self.streams.values():
             assert rec.bins is not None
+            if rec.failed:
+                continue
             # At shutdown the current (partial) period closes too, for every stream alike.
             upto = max(clock.index(now), max(rec.bins.bins, default=last)) if final else last
             first = rec.bins.first
@@ -246,5 +297,5 @@ class Router:
     def take_counts(self) -> dict[str, int]:
         """Reading results counted since the last call."""
         c = self.counts
-        self.counts = {"ok": 0, "late": 0, "duplicate": 0, "invalid": 0}
+        self.counts = dict.fromkeys(_COUNTS, 0)
         return c

@@ -29,13 +29,14 @@ from stream.metrics import Metrics
 from stream.payload import check_stream_name
 from stream.sinks import PublishQueue
 
-__all__ = ["MqttLink", "ReadAheadSocket", "StdinSource", "TopicRouter", "backoff_delay"]
+__all__ = ["OVERLONG_LINE", "MqttLink", "ReadAheadSocket", "StdinSource", "TopicRouter", "backoff_delay"]
 
 log = logging.getLogger("tops.mqtt")
 
 Message = tuple[str, bytes, bool, int]  # topic, payload, retain, releases carried
 _PUBACK = 0x40  # MQTT control packet type PUBACK (as paho's PUBACK), remaining length 2, then the message id
 _PUBACK_HEAD = ((_PUBACK << 8) | 2) << 16
+OVERLONG_LINE = b"\n"  # stands for a stdin line cut at max_line: no line holds a newline (counted `too_large`)
 
 
 def backoff_delay(attempt: int, low: float, high: float) -> float:
@@ -426,7 +427,7 @@ class StdinSource:
                 lines = (rest + data).split(b"\n")
                 rest = lines.pop()
                 if len(rest) > self.max_line:
-                    lines.append(b"\xff")  # counted as one invalid line; its bytes are never decoded
+                    lines.append(OVERLONG_LINE)  # counted as one too_large line; its bytes are never decoded
                     rest, skipping = b"", True
                 if lines:
                     self._put(lines)

@@ -113,6 +113,15 @@ def _privacy_view(params: dict[str, Any]) -> dict[str, Any]:
     return {k: params.get(k) for k in PRIVACY_KEYS if k in params}
 
 
+def _changed_message(name: str, gen: int, old: dict[str, Any], new: dict[str, Any]) -> str:
+    diff = ", ".join(f"{k} {old.get(k)} -> {new.get(k)}" for k in PRIVACY_KEYS if old.get(k) != new.get(k))
+    return (
+        f"stream {name!r} was started with other privacy parameters ({diff}); refusing to mix them. "
+        f"Keep the old parameters, or start generation {gen + 1} of this stream explicitly "
+        f"(new key, new ledger entry): tops run --new-generation {name}"
+    )
+
+
 class Store:
     """One SQLite file; use :meth:`open`. Not thread-safe: the daemon calls it from its event loop only."""
 
@@ -199,18 +208,11 @@ class Store:
             if old == new:
                 return Admission(name, gen, json.loads(state) if state else None)
             if not new_generation:
-                diff = ", ".join(
-                    f"{k} {old.get(k)} -> {new.get(k)}" for k in PRIVACY_KEYS if old.get(k) != new.get(k)
-                )
-                msg = (
-                    f"stream {name!r} was started with other privacy parameters ({diff}); refusing to mix them. "
-                    f"Keep the old parameters, or start generation {gen + 1} of this stream explicitly "
-                    f"(new key, new ledger entry): tops run --new-generation {name}"
-                )
-                raise PrivacyParametersChanged(msg)
+                raise PrivacyParametersChanged(_changed_message(name, gen, old, new))
             gen += 1
-        else:
-            gen = 1
+        else:  # new, or retired: a retired name comes back as its next generation (a new key, never an old one)
+            last = db.execute("SELECT MAX(generation) FROM ledger WHERE stream = ?", (name,)).fetchone()[0]
+            gen = 1 if last is None else int(last) + 1
         now = _now()
         pj = json.dumps(params, sort_keys=True)
         with self._transaction():
@@ -235,6 +237,26 @@ class Store:
                 (name, gen, pj, now),
             )
         return Admission(name, gen, None)
+
+    def privacy_mismatches(self, params: dict[str, Any], skip: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """What :meth:`admit` would refuse, for every stored stream at once (``tops run --check`` lists them all)."""
+        new = _privacy_view(params)
+        out = []
+        for name, gen, pj in self._db.execute("SELECT name, generation, params FROM streams ORDER BY name"):
+            old = _privacy_view(json.loads(pj))
+            if old != new and name not in skip:
+                out.append(_changed_message(name, int(gen), old, new))
+        return out
+
+    def retire(self, name: str) -> bool:
+        """Retire a stream for good: its state leaves the store (its slot and memory with it) and its ledger entry
+        is closed. Should the name come back, it starts as the next generation (a new key). False if unknown."""
+        with self._transaction():
+            cur = self._db.execute("DELETE FROM streams WHERE name = ?", (name,))
+            if cur.rowcount == 0:
+                return False
+            self._db.execute("UPDATE ledger SET retired = ? WHERE stream = ? AND retired IS NULL", (_now(), name))
+        return True
 
     def ledger(self) -> list[dict[str, Any]]:
         rows = self._db.execute(

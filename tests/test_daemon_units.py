@@ -211,7 +211,7 @@ def test_router_periods_release_empty_periods_and_drop_late(monkeypatch: pytest.
     assert len(batches) == 1
     assert ops["s"].seen == [4.0, 3.0, 0.0, 0.0]
     assert batches[0].ticks == [0, 1, 2, 3] and batches[0].ts == [1000.0, 1010.0, 1020.0, 1030.0]
-    assert r.take_counts() == {"ok": 3, "late": 1, "duplicate": 0, "invalid": 1}
+    assert r.take_counts() == {"ok": 3, "late": 1, "duplicate": 0, "invalid": 1, "failed": 0}
     assert r.add(rec, 5.0, 1030.0, None, 1041.9) == "ok"  # period 103 = [1030, 1040) still open
     assert r.close_periods(1042.0)[0].ticks == [4]
     assert r.add(rec, 5.0, 1035.0, None, 1042.0) == "late"

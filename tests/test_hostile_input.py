@@ -1,0 +1,207 @@
+"""Hostile input never raises past the decoders: a seeded property test over hostile JSON (huge integers, deep
+nesting, NaN/Infinity tokens, wrong types, unicode, 10^400 in every field, in batches), and the range checks of
+every field (``ts`` within 1970-2100, ``seq`` a non-negative 63-bit integer, values finite numbers; negative ones are clamped by the operator)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from stream.errors import PayloadError
+from stream.payload import SEQ_LIMIT, TS_MAX, decode_line, decode_payload, decode_payload_columns, decode_reports
+
+HUGE = "1" + "0" * 400  # 10^400: an int Python parses, too large for a float
+HOSTILE_SCALARS = [HUGE, "-" + HUGE, HUGE + ".5", "1e400", "-1e400", "NaN", "Infinity", "-Infinity", "1e-400",
+                   str(2**63), str(2**63 - 1), str(2**64), "-1", "-0", "0", "1.5", "true", "false", "null", '""',
+                   '"12"', '"\\ud800"', '"\\u0000"', '"m\\u00e9ter"', '"\\ud83d\\ude00"', "[]", "{}", "[1]",
+                   '{"value": 1}', "9" * 4000, "1" + "0" * 5000, "4102444800", "4102444801", "1700000000.25"]
+FIELDS = ["value", "ts", "seq", "stream", "report", "phase", "theta"]
+
+
+def hostile_doc(rng: random.Random, depth: int = 0) -> str:
+    """One hostile JSON text (an object, a batch, a scalar or deep nesting), as a string."""
+    k = rng.random()
+    if k < 0.45 or depth > 2:
+        keys = rng.sample(FIELDS, rng.randint(0, len(FIELDS)))
+        if rng.random() < 0.7 and "value" not in keys:
+            keys.append("value")
+        parts = []
+        for key in keys:
+            if key == "phase" and rng.random() < 0.5:
+                v = rng.choice(['"threshold"', '"stream"', "{}", "[]"])
+            else:
+                v = rng.choice(HOSTILE_SCALARS)
+            parts.append(f'"{key}": {v}')
+        return "{" + ", ".join(parts) + "}"
+    if k < 0.8:
+        return "[" + ", ".join(hostile_doc(rng, depth + 1) if rng.random() < 0.5 else rng.choice(HOSTILE_SCALARS)
+                               for _ in range(rng.randint(1, 6))) + "]"
+    if k < 0.9:
+        n = rng.choice([10, 1000, 100_000])
+        return "[" * n + "1" + "]" * (n if rng.random() < 0.5 else 0)
+    return rng.choice(HOSTILE_SCALARS)
+
+
+def check_readings(readings: list, bad: int) -> None:
+    assert bad >= 0
+    for stream, value, ts, seq in readings:
+        assert stream is None or (isinstance(stream, str) and 0 < len(stream) <= 128)
+        assert type(value) is float and math.isfinite(value)
+        assert ts is None or (type(ts) is float and 0 <= ts <= TS_MAX)
+        assert seq is None or (type(seq) is int and 0 <= seq < SEQ_LIMIT)
+
+
+def test_seeded_fuzz_of_every_decoder_raises_only_payload_errors() -> None:
+    """3,000 hostile documents, each through the four decoders (MQTT rows and columns, stdin, local reports):
+    either a PayloadError or readings whose every field is in range; no other exception, no echo of the input."""
+    rng = random.Random(20240610)
+    outcomes = {"ok": 0, "rejected": 0}
+    for _ in range(3000):
+        doc = hostile_doc(rng)
+        data = doc.encode("utf-8", errors="surrogatepass")
+        for decode in (decode_payload, decode_line, decode_payload_columns, decode_reports):
+            try:
+                out = decode(data)
+            except PayloadError as exc:
+                outcomes["rejected"] += 1
+                assert HUGE[:20] not in str(exc) and len(str(exc)) < 100
+                continue
+            outcomes["ok"] += 1
+            if decode is decode_payload_columns:
+                values, ts, seqs, bad = out
+                rows = [(None, v, None if ts is None else ts[i], None if seqs is None else seqs[i])
+                        for i, v in enumerate(values)]
+                check_readings(rows, bad)
+            elif decode is decode_reports:
+                reports, bad = out
+                for y, ts, seq, phase, theta in reports:
+                    assert type(y) is float and math.isfinite(y) and phase in ("threshold", "stream")
+                    assert ts is None or 0 <= ts <= TS_MAX
+                    assert seq is None or 0 <= seq < SEQ_LIMIT
+                    assert theta is None or (math.isfinite(theta) and theta > 0)
+            else:
+                check_readings(*out)
+    assert outcomes["ok"] > 500 and outcomes["rejected"] > 500, outcomes  # both sides were exercised
+
+
+@pytest.mark.parametrize("field", ["value", "ts", "seq"])
+@pytest.mark.parametrize("number", [HUGE, "-" + HUGE, "1e400", "NaN", "Infinity"])
+def test_out_of_range_in_every_field_is_a_payload_error(field: str, number: str) -> None:
+    """10^400 (the crash-loop message of issue 10), infinities and NaN in each field: rejected, alone or batched."""
+    obj = {"value": "1", "ts": "1700000000", "seq": "7"}
+    obj[field] = number
+    text = "{" + ", ".join(f'"{k}": {v}' for k, v in obj.items()) + "}"
+    for decode in (decode_payload, decode_line, decode_payload_columns):
+        with pytest.raises(PayloadError):
+            decode(text.encode())
+        out = decode(f"[{text}, 5]".encode())  # in a batch: that element is counted bad, the other taken
+        assert out[-1] == 1
+    line = f'{{"stream": "m", {text[1:]}'
+    with pytest.raises(PayloadError):
+        decode_line(line.encode())
+    report = text.replace('"value"', '"report"').replace("}", ', "phase": "stream"}')
+    with pytest.raises(PayloadError):
+        decode_reports(report.encode())
+
+
+def test_field_windows() -> None:
+    """ts in [0, 4102444800] (1970-2100), seq in [0, 2^63), on every path (JSON, CSV, reports)."""
+    assert decode_payload(b'{"value": 1, "ts": 4102444800, "seq": 9223372036854775807}')[0][0][2:] == \
+        (TS_MAX, 2**63 - 1)
+    for bad in (b'{"value": 1, "ts": 4102444801}', b'{"value": 1, "ts": -1}', b'{"value": 1, "seq": 2e3}',
+                b'{"value": 1, "seq": 9223372036854775808}', b'{"value": 1, "ts": true}'):
+        with pytest.raises(PayloadError):
+            decode_payload(bad)
+    with pytest.raises(PayloadError):
+        decode_line(b"m,1,1e400")
+    with pytest.raises(PayloadError):
+        decode_line(b"m,1,-5")
+    assert decode_line(b"m,1,1700000000")[0][0][2] == 1.7e9
+    for bad in ('{"report": 1, "phase": "stream", "theta": H}', '{"report": H, "phase": "stream"}',
+                '{"report": 1, "phase": "stream", "ts": H}', '{"report": 1, "phase": ["stream"]}',
+                '{"report": 1, "phase": "stream", "seq": H}'):
+        bad = bad.replace("H", HUGE)
+        with pytest.raises(PayloadError):
+            decode_reports(bad.encode())
+    assert json.loads("[" + HUGE + "]")  # the test's premise: Python's json parses it as an int
+
+
+# -- the daemon in-process: a poison line or a failing operator stops nothing else ----------------------------
+class ExplodingOperator:
+    """Raises on its third tick (a stand-in for an operator bug hit by one stream's data)."""
+
+    phase = "holdout"
+    holdout_left = 5
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    def process(self, values):
+        for _ in values:
+            self.process_one(0.0)
+        return [math.nan] * len(values)
+
+    def process_one(self, v: float) -> float:
+        self.ticks += 1
+        if self.ticks == 3:
+            raise ZeroDivisionError
+        return math.nan
+
+
+def _metric(d, name: str) -> float:
+    return {s.name + (str(s.labels) if s.labels else ""): s.value
+            for f in d.metrics.registry.collect() for s in f.samples}[name]
+
+
+def test_poison_lines_and_a_failing_operator_leave_the_other_streams_running(tmp_path) -> None:
+    """Stdin: 10^400 in ts/seq/value, a 5 MB line (too_large, not "not UTF-8"), hostile fuzz lines and a stream
+    whose operator raises: the daemon exits 0, `good` releases everything, `boom` is marked failed (status, gauge,
+    readings counted `failed`), and no raw value reaches the log."""
+    import asyncio
+    import io
+    import logging
+
+    from stream import daemon as daemon_mod
+    from stream.config import build_config
+    from tests.test_daemon_units import FakeOperator
+
+    cfg = build_config({"metrics": {"port": 0}, "input": {"max_payload_bytes": 1 << 20},
+                        "streams": {"key_file": str(tmp_path / "k"), "template": {"epsilon": 1.0, "bound": 9.0}}})
+    rng = random.Random(7)
+    lines = [b'{"stream": "good", "value": 1}']
+    lines += [b'{"stream": "good", "value": 1, "ts": %s}' % HUGE.encode(),
+              b'{"stream": "good", "value": 1, "seq": %s}' % HUGE.encode(),
+              b'{"stream": "good", "value": %s}' % HUGE.encode(),
+              b'[{"stream": "good", "value": 1, "ts": %s}]' % HUGE.encode(),
+              b"good,1,%s" % HUGE.encode(), b"7" * (5 << 20)]
+    lines += [hostile_doc(rng).encode("utf-8", errors="surrogatepass") for _ in range(300)]
+    lines += [b"boom,%d" % i for i in range(5)]
+    lines += [b""] * 70_000  # the reader hands over 64 KiB at a time: what follows is processed after the failure
+    lines += [b"boom,%d" % i for i in range(2)]
+    lines += [b'{"stream": "good", "value": %d, "seq": %d}' % (i, i + 1) for i in range(2, 12)]
+    out = io.StringIO()
+    factory = {"good": lambda: FakeOperator(2), "boom": ExplodingOperator}
+    d = daemon_mod.Daemon(cfg, stdin=io.BytesIO(b"\n".join(lines) + b"\n"), stdout=out,
+                          operator_factory=lambda name: factory.get(name, lambda: FakeOperator(2))(),
+                          install_signals=False)
+    logs = io.StringIO()
+    handler = logging.StreamHandler(logs)
+    logging.getLogger("tops").addHandler(handler)
+    try:
+        assert asyncio.run(d.serve()) == 0
+    finally:
+        logging.getLogger("tops").removeHandler(handler)
+    rel = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [r["tick"] for r in rel if r["stream"] == "good"] == list(range(2, 11))  # 11 readings, holdout 2
+    boom = d.router.streams["boom"]
+    assert boom.failed and boom.status() == {"stream": "boom", "phase": "failed", "identity": d.identity}
+    assert _metric(d, "tops_streams_failed") == 1
+    assert _metric(d, "tops_messages_total{'result': 'too_large'}") == 1
+    assert _metric(d, "tops_messages_total{'result': 'failed'}") == 2  # the two lines after the failure
+    assert _metric(d, "tops_readings_total{'result': 'failed'}") == 2
+    text = logs.getvalue()
+    assert "stream 'boom' failed" in text and "ZeroDivisionError" in text
+    assert "1000000000" not in text and "7777777" not in text
