@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -363,7 +364,7 @@ def test_tops_device_follows_the_retained_control_and_never_publishes_readings(
         assert set(m) == {"report", "phase", "ts", "theta", "seq"} and m["theta"] == 40.0
     # seq increases across both runs of the device (a restart does not reuse a number)
     seqs = [m["seq"] for m in messages]
-    assert all(a < b for a, b in zip(seqs, seqs[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(seqs))
     # no raw reading anywhere: not in the report payloads, not in the device's output or logs
     text = captured + out_a + err_a + out_b + err_b
     for v in np.concatenate([first, second]):
@@ -444,11 +445,13 @@ MALICIOUS = [
     ("epsilon 60", lambda s: stream_control(s, epsilon=60.0, theta=1000.0)),
     ("threshold epsilon too high", lambda s: threshold_control(s, epsilon=5.0, bound=1000.0)),
     ("bound changed", lambda s: threshold_control(s, epsilon=1.0, bound=5000.0)),
+    ("bound changed, pinned on first use", lambda s: threshold_control(s, epsilon=1.0, bound=999.0)),
     ("theta outside the bound", lambda s: stream_control(s, epsilon=1.0, theta=5000.0)),
     ("unknown mechanism", lambda s: {**stream_control(s, 1.0, 100.0), "mechanism": "identity"}),
-    ("garbage", lambda s: '{"stream": "%s", "phase": "stream", "epsilon": 1e400, "theta": 10}' % s),
-    ("NaN", lambda s: '{"stream": "%s", "phase": "stream", "epsilon": NaN, "theta": 10}' % s),
-    ("huge integer", lambda s: '{"stream": "%s", "phase": "threshold", "epsilon": 1, "bound": 1%s}' % (s, "0" * 400)),
+    ("garbage", lambda s: f'{{"stream": "{s}", "phase": "stream", "epsilon": 1e400, "theta": 10}}'),
+    ("NaN", lambda s: f'{{"stream": "{s}", "phase": "stream", "epsilon": NaN, "theta": 10}}'),
+    ("not JSON", lambda s: "}{ not json at all"),
+    ("huge integer", lambda s: f'{{"stream": "{s}", "phase": "threshold", "epsilon": 1, "bound": 1{"0" * 400}}}'),
 ]
 
 
@@ -464,7 +467,9 @@ def test_a_control_above_the_pinned_limits_gets_no_report(mosquitto, tmp_path: P
     sub = Subscriber(port, "meters/#")
     sub.wait_ready("meters/probe")
     state = tmp_path / "device.json"
-    limits = ["--max-epsilon", "1", "--max-threshold-epsilon", "1", "--bound", "1000", "--state-file", str(state)]
+    limits = ["--max-epsilon", "1", "--max-threshold-epsilon", "1", "--state-file", str(state)]
+    if "first use" not in name:
+        limits += ["--bound", "1000"]
     dev = _DeviceProc(port, stream, *limits)
     try:
         # an honest threshold phase first: the device reports, then the server turns malicious mid-stream
@@ -539,3 +544,58 @@ def test_the_state_file_reserves_seq_numbers_before_use(tmp_path: Path) -> None:
     Path(path).write_text("{")
     with pytest.raises(ValueError, match="not JSON"):
         DeviceState(path, "s1").load()
+
+
+def _tops_device(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "stream.cli", "device", "--host", "127.0.0.1", "--port", "1", "--stream", "m1"]
+    return subprocess.run([*cmd, *args], cwd=REPO, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_tops_device_without_max_epsilon_refuses_to_start_with_one_line(tmp_path: Path) -> None:
+    r = _tops_device()
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "--max-epsilon is required" in r.stderr
+    bad = _tops_device("--max-epsilon", "nan", "--max-threshold-epsilon", "100", "--bound", "-1", "--buffer", "0")
+    lines = bad.stderr.splitlines()
+    assert bad.returncode == 2 and len(lines) == 4, bad.stderr
+    assert all(line.startswith("tops device: error: ") for line in lines)
+    assert any("--max-epsilon must be" in x for x in lines) and any("--max-threshold-epsilon" in x for x in lines)
+    assert any("--bound" in x for x in lines) and any("--buffer" in x for x in lines)
+    # the limits may come from a file; the file's problems are one line each
+    (tmp_path / "limits.toml").write_text('max_epsilon = 0.5\nbound = 100.0\nmechanisms = ["hybrid", "x"]\nfoo = 1\n')
+    r = _tops_device("--limits", str(tmp_path / "limits.toml"))
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 2, r.stderr
+    assert "unknown key 'foo'" in r.stderr and "mechanisms must be" in r.stderr
+    (tmp_path / "state.json").write_text('{"stream": "other"}')
+    r = _tops_device("--max-epsilon", "1", "--state-file", str(tmp_path / "state.json"))
+    assert r.returncode == 2 and "another stream" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+@pytest.mark.network
+def test_tops_device_with_a_limits_file_refuses_a_threshold_control_above_it(mosquitto, tmp_path: Path) -> None:
+    from tests.conftest import Subscriber
+
+    port, stream = mosquitto.port, "meter-5"
+    (tmp_path / "limits.toml").write_text("max_epsilon = 2.0\nmax_threshold_epsilon = 0.5\nbound = 100.0\n")
+    sub = Subscriber(port, "meters/#")
+    sub.wait_ready("meters/probe")
+    state = tmp_path / "s.json"
+    dev = _DeviceProc(port, stream, "--limits", str(tmp_path / "limits.toml"), "--state-file", str(state))
+    try:
+        _pub(port, f"tops/control/{stream}", threshold_control(stream, epsilon=1.0, bound=100.0))
+        dev.feed(["11.123457", "22.234568", "33.345679"])
+        _wait(lambda: "refusing control message (threshold_epsilon)" in dev.stderr(), what="the refusal")
+        time.sleep(1.5)
+        assert sub.payloads(f"meters/{stream}/report") == []
+        _pub(port, f"tops/control/{stream}", threshold_control(stream, epsilon=0.5, bound=100.0))
+        _wait(lambda: len(sub.payloads(f"meters/{stream}/report")) == 3, what="reports at the allowed epsilon")
+        rc, _, err = dev.finish()
+        assert rc == 0, err
+        doc = json.loads(state.read_text())
+        assert doc["refused"] == 1 and doc["account"]["threshold"]["max_epsilon"] == 0.5
+        assert doc["limits"]["max_threshold_epsilon"] == 0.5 and doc["bound"] == 100.0
+        assert len([x for x in err.splitlines() if "refusing control message" in x]) == 1
+        assert "11.123457" not in err and "22.234568" not in err and "33.345679" not in err
+    finally:
+        dev.kill()
+        sub.close()
