@@ -396,15 +396,19 @@ class Device:
         values = self.perturb_values(readings)
         assert self.control is not None
         phase, theta = self.control.phase, self.control.theta
-        out = [{"report": float(y), "phase": phase, "ts": t} for y, t in zip(values, stamps, strict=True)]
-        if phase == PHASE_STREAM:
-            for m in out:
-                m["theta"] = theta
-        if self.seq is not None and out:
-            first = self.seq.take(len(out))
-            for i, m in enumerate(out):
-                m["seq"] = first + i
-        return out
+        ys = values.tolist()
+        if self.seq is None:
+            if phase == PHASE_THRESHOLD:
+                return [{"report": y, "phase": phase, "ts": t} for y, t in zip(ys, stamps, strict=True)]
+            return [{"report": y, "phase": phase, "ts": t, "theta": theta} for y, t in zip(ys, stamps, strict=True)]
+        first = self.seq.take(n) if n else 0
+        seqs = range(first, first + n)
+        if phase == PHASE_THRESHOLD:
+            return [{"report": y, "phase": phase, "ts": t, "seq": q} for y, t, q in zip(ys, stamps, seqs, strict=True)]
+        return [
+            {"report": y, "phase": phase, "ts": t, "theta": theta, "seq": q}
+            for y, t, q in zip(ys, stamps, seqs, strict=True)
+        ]
 
 
 # --------------------------------------------------------------------------------------------------------------
