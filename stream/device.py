@@ -445,6 +445,7 @@ class _Pipeline:
         self.device = device
         self.limit = limit
         self.state = state
+        self.refused_before = state.refused if state is not None else 0  # refusals of earlier runs
         self.held: list[tuple[float, float]] = []
         self.outbox: collections.deque[dict[str, Any]] = collections.deque()
         self.cond = asyncio.Condition()
@@ -462,13 +463,11 @@ class _Pipeline:
         if st is None:
             return
         st.account, st.bound = self.device.account, self.device.pinned_bound
-        st.refused = self._refused_before + self.device.refused
+        st.refused = self.refused_before + self.device.refused
         try:
             st.save(self.device.limits)
         except OSError as exc:
             log.warning("cannot write the state file (%s)", exc.strerror or type(exc).__name__)
-
-    _refused_before = 0
 
     def _perturb(self, values: list[float], stamps: list[float]) -> list[dict[str, Any]]:
         seq, st = self.device.seq, self.state
@@ -684,11 +683,9 @@ async def run_device(options: DeviceOptions, device: Device | None = None) -> in
 
     Without ``device`` one is made from ``options.limits`` (and the state file, when given)."""
     state = None
-    refused_before = 0
     if options.state_file:
         state = DeviceState(options.state_file, options.stream)
         state.load()  # ValueError: main() checks it first
-        refused_before = state.refused
     if device is None:
         if options.limits is None:
             msg = "a device needs its pinned limits (at least max_epsilon)"
@@ -701,7 +698,6 @@ async def run_device(options: DeviceOptions, device: Device | None = None) -> in
             bound=state.bound if state else None,
         )
     pipeline = _Pipeline(device, options.buffer, state)
-    pipeline._refused_before = refused_before
     status = 0
     try:
         async with asyncio.TaskGroup() as tg:
