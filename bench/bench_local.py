@@ -72,7 +72,7 @@ def device_throughput(repeat: int) -> dict:
         ("threshold", threshold_control("bench", 1.0, 100.0)),
         ("stream", stream_control("bench", 1.0, 20.0)),
     ):
-        dev = Device("bench")
+        dev = Device("bench", 1.0)
         dev.on_control(control)
         seconds, _ = _best(lambda dev=dev: dev.perturb_values(readings), repeat)
         out[f"{phase}_values_per_s"] = round(n / seconds)

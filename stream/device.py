@@ -1,44 +1,59 @@
-"""The device side of local-DP mode (ToPL): follow the stream's control message, perturb readings, publish reports.
+"""The device side of local-DP mode (ToPL): check the stream's control message against the device's own pinned
+limits, perturb readings, publish reports, and keep an account of the epsilon spent.
 
-Protocol (the daemon publishes, devices follow). The control message of stream ``s`` is a retained JSON object on
+Protocol (the daemon publishes, devices decide). The control message of stream ``s`` is a retained JSON object on
 ``tops/control/{stream}``::
 
     {"stream": s, "phase": "threshold", "epsilon": e1, "bound": B, "mechanism": "square_wave", "sw_b": b}
     {"stream": s, "phase": "stream", "epsilon": e2, "theta": t, "mechanism": "hybrid"}
 
+In local mode the server and the broker are the adversary: a control message only proposes. The device accepts it
+only inside its pinned :class:`~stream.device_policy.DeviceLimits` (epsilon per phase, the bound ``B``, theta in
+``(0, B]``, the mechanisms it runs); anything else (too high an epsilon, a changed bound, NaN, ``1e400``, garbage)
+is refused, counted and logged on one line, and the device then sends **no** report until an acceptable control
+message arrives (readings wait, at most ``--buffer`` of them, and are reported once under that message).
+
 In phase ``threshold`` a device clamps each reading to ``[0, B]`` and reports it with Square Wave (Eq. 16, with the
 message's ``sw_b``); in phase ``stream`` it truncates the reading to ``[0, theta]`` and reports it with the Hybrid
-mechanism. Reports are JSON objects on ``meters/{stream}/report`` (configurable), in reading units::
+mechanism (Eq. 22). Reports are JSON objects on ``meters/{stream}/report`` (configurable), in reading units::
 
-    {"report": y, "phase": "threshold", "ts": t}            y in [-b B, (1 + b) B]
-    {"report": y, "phase": "stream", "ts": t, "theta": t}   y an unbiased estimate of min(reading, theta)
+    {"report": y, "phase": "threshold", "ts": t, "seq": n}              y in [-b B, (1 + b) B]
+    {"report": y, "phase": "stream", "ts": t, "theta": t, "seq": n}     y an unbiased estimate of min(reading, theta)
 
-``ts`` is the wall-clock time (Unix seconds) at which the device read the reading. Raw readings never leave the
-device: they are not published, logged, or put into error messages. Until a control message arrives the device
-holds at most ``--buffer`` readings and stops reading its input (nothing is dropped); an empty retained message
-withdraws the control and the device holds readings again.
+``ts`` is the wall-clock time (Unix seconds) at which the device read the reading; ``seq`` increases by report and
+is not reused after a restart (:class:`~stream.device_policy.SequenceNumbers`). Raw readings never leave the device:
+they are not published, logged, or put into error messages. Each reading is reported exactly once, so it is
+eps-LDP at the epsilon of that one report; the device's :class:`~stream.device_policy.SpentAccount` states it.
 
 The randomness of a device comes from a :class:`~operators.noise.KeyedGenerator` with a fresh random key
 (``Domain.LOCAL``, address 1 for SW and 2 for HM, positions counting up), so nobody else can reproduce its reports.
 
 Examples
 --------
->>> dev = Device("meter-1")
+>>> dev = Device("meter-1", DeviceLimits(max_epsilon=1.0, bound=100.0))
 >>> dev.phase is None
 True
 >>> dev.on_control(threshold_control("meter-1", epsilon=1.0, bound=100.0))
 'threshold'
 >>> reports = dev.perturb([3.0, 250.0], ts=1700000000.0)
 >>> [sorted(r) for r in reports]
-[['phase', 'report', 'ts'], ['phase', 'report', 'ts']]
+[['phase', 'report', 'seq', 'ts'], ['phase', 'report', 'seq', 'ts']]
 >>> b = threshold_control("meter-1", 1.0, 100.0)["sw_b"]
 >>> all(-b * 100 <= r["report"] <= (1 + b) * 100 for r in reports)
+True
+>>> dev.on_control(stream_control("meter-1", epsilon=60.0, theta=10.0))
+Traceback (most recent call last):
+    ...
+stream.device.ControlError: control epsilon 60 is above this device's limit 1 (--max-epsilon)
+>>> dev.phase is None  # refused: nothing is reported until an acceptable control message
 True
 >>> dev.on_control({"stream": "meter-1", "phase": "stream", "epsilon": 1.0, "theta": 10.0, "mechanism": "hybrid"})
 'stream'
 >>> r = dev.perturb([4.0])[0]
->>> r["phase"], r["theta"]
-('stream', 10.0)
+>>> r["phase"], r["theta"], r["seq"] > reports[1]["seq"]
+('stream', 10.0, True)
+>>> dev.account.to_dict()["threshold"], dev.account.max_epsilon_per_reading
+({'readings': 2, 'max_epsilon': 1.0, 'total_epsilon': 2.0}, 1.0)
 """
 
 from __future__ import annotations
@@ -56,7 +71,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +80,15 @@ import numpy as np
 from operators.local.hybrid import hybrid_report, hybrid_scale
 from operators.local.square_wave import square_wave_parameters, square_wave_report
 from operators.noise import Domain, KeyedGenerator, new_key
+from stream.device_policy import (
+    SEQ_RESERVE,
+    DeviceLimits,
+    DeviceState,
+    SequenceNumbers,
+    SpentAccount,
+    limits_problems,
+    load_limits_file,
+)
 
 __all__ = [
     "DEFAULT_CONTROL_TOPIC",
@@ -72,6 +96,8 @@ __all__ = [
     "Control",
     "ControlError",
     "Device",
+    "DeviceLimits",
+    "SpentAccount",
     "add_arguments",
     "main",
     "parse_control",
@@ -94,7 +120,15 @@ _MAX_CONTROL_BYTES = 4096
 
 
 class ControlError(ValueError):
-    """A control message is malformed, for another stream, or outside the allowed values."""
+    """A control message is malformed, for another stream, or outside the device's pinned limits.
+
+    ``reason`` is a short label (``malformed``, ``stream``, ``epsilon``, ``threshold_epsilon``, ``bound``,
+    ``theta``, ``lower``, ``mechanism``) for counting; the message holds no reading.
+    """
+
+    def __init__(self, message: str, reason: str = "malformed") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +141,8 @@ class Control:
     bound: float | None = None
     sw_b: float | None = None
     theta: float | None = None
+    lower: float = 0.0
+    mechanism: str = ""
 
     def report_range(self) -> tuple[float, float]:
         """The interval every honest report of this phase lies in (the server may reject reports outside it)."""
@@ -128,11 +164,16 @@ class Control:
 
 
 def _number(msg: dict[str, Any], name: str, *, upper: float = math.inf) -> float:
+    """A positive finite number below ``upper``; huge integers, NaN and infinities (``1e400``) are refused."""
     value = msg.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < upper:
+    x = math.nan
+    if not isinstance(value, bool) and isinstance(value, int | float):
+        with contextlib.suppress(OverflowError):
+            x = float(value)
+    if not (math.isfinite(x) and 0 < x < upper):
         text = f"control field {name!r} must be a positive number"
         raise ControlError(text + (f" below {upper:g}" if math.isfinite(upper) else ""))
-    return float(value)
+    return x
 
 
 def parse_control(message: Any, stream: str | None = None) -> Control:
@@ -145,7 +186,7 @@ def parse_control(message: Any, stream: str | None = None) -> Control:
     if isinstance(message, str):
         try:
             message = json.loads(message)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             msg = "control message is not JSON"
             raise ControlError(msg) from None
     if not isinstance(message, dict):
@@ -157,13 +198,17 @@ def parse_control(message: Any, stream: str | None = None) -> Control:
         raise ControlError(msg)
     if stream is not None and name != stream:
         msg = "control message is for another stream"
-        raise ControlError(msg)
+        raise ControlError(msg, "stream")
     phase = message.get("phase")
     if phase not in MECHANISMS:
         msg = f"control field 'phase' must be {PHASE_THRESHOLD!r} or {PHASE_STREAM!r}"
         raise ControlError(msg)
     if message.get("mechanism", MECHANISMS[phase]) != MECHANISMS[phase]:
         msg = f"control field 'mechanism' must be {MECHANISMS[phase]!r} in phase {phase!r}"
+        raise ControlError(msg, "mechanism")
+    lower = message.get("lower", 0.0)
+    if isinstance(lower, bool) or not isinstance(lower, int | float) or not -1e15 <= lower <= 1e15:
+        msg = "control field 'lower' must be a number"
         raise ControlError(msg)
     epsilon = _number(message, "epsilon", upper=700)
     if phase == PHASE_THRESHOLD:
@@ -172,12 +217,14 @@ def parse_control(message: Any, stream: str | None = None) -> Control:
         if not math.isfinite(bound):
             msg = "control field 'bound' must be finite"
             raise ControlError(msg)
-        return Control(stream=name, phase=phase, epsilon=epsilon, bound=bound, sw_b=sw_b)
+        return Control(stream=name, phase=phase, epsilon=epsilon, bound=bound, sw_b=sw_b, lower=float(lower),
+                       mechanism=MECHANISMS[phase])
     theta = _number(message, "theta")
     if not math.isfinite(theta):
         msg = "control field 'theta' must be finite"
         raise ControlError(msg)
-    return Control(stream=name, phase=phase, epsilon=epsilon, theta=theta)
+    return Control(stream=name, phase=phase, epsilon=epsilon, theta=theta, lower=float(lower),
+                   mechanism=MECHANISMS[phase])
 
 
 def threshold_control(stream: str, epsilon: float, bound: float, sw_b: float | None = None) -> dict[str, Any]:
@@ -196,19 +243,42 @@ def stream_control(stream: str, epsilon: float, theta: float) -> dict[str, Any]:
 
 
 class Device:
-    """One device's randomizer: the latest control message of its stream and a private keyed generator.
+    """One device's randomizer: its pinned limits, the latest accepted control message, a private keyed generator,
+    its own privacy account and its report sequence numbers.
 
-    ``key`` exists for tests only; by default every device draws a fresh random key, which is what makes its
-    reports impossible to reproduce (and devices' noise independent).
+    ``limits`` is a :class:`~stream.device_policy.DeviceLimits` or just the largest epsilon (both phases) this
+    device ever reports at. A control message outside the limits is refused (:class:`ControlError`) and the device
+    then reports nothing until an acceptable one arrives. ``key`` exists for tests only; by default every device
+    draws a fresh random key, which is what makes its reports impossible to reproduce (and devices' noise
+    independent). ``sequence`` adds ``seq`` to every report (time-based, never below ``seq_floor``); turn it off
+    only for several devices that share one stream (the daemon checks ``seq`` per stream). ``account`` and
+    ``bound`` continue a saved account and a bound pinned on first use.
     """
 
-    def __init__(self, stream: str, key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        stream: str,
+        limits: DeviceLimits | float,
+        *,
+        key: bytes | None = None,
+        sequence: bool = True,
+        seq_floor: int = 0,
+        account: SpentAccount | None = None,
+        bound: float | None = None,
+    ) -> None:
         if not isinstance(stream, str) or not stream or any(c in stream for c in "+#/\0"):
             msg = "a stream name is a non-empty string without '+', '#', '/'"
             raise ValueError(msg)
+        if not isinstance(limits, DeviceLimits):
+            limits = DeviceLimits(max_epsilon=limits)
         self.stream = stream
+        self.limits = limits
         self.control: Control | None = None
         self.reports = 0
+        self.account = account if account is not None else SpentAccount()
+        self.refusals: collections.Counter[str] = collections.Counter()
+        self.pinned_bound = limits.bound if limits.bound is not None else bound
+        self.seq = SequenceNumbers(seq_floor) if sequence else None
         self._fixed_key = key is not None
         self._gen = KeyedGenerator(key if key is not None else new_key())
         self._positions = {ADDRESS_SQUARE_WAVE: 0, ADDRESS_HYBRID: 0}
@@ -218,19 +288,62 @@ class Device:
 
     @property
     def phase(self) -> str | None:
-        """``threshold``, ``stream``, or ``None`` before the first control message."""
+        """``threshold``, ``stream``, or ``None`` before the first acceptable control message (or after a refused
+        or withdrawn one)."""
         return None if self.control is None else self.control.phase
+
+    @property
+    def refused(self) -> int:
+        """Control messages refused so far."""
+        return sum(self.refusals.values())
+
+    def check(self, control: Control) -> None:
+        """Raise :class:`ControlError` when ``control`` is outside this device's pinned limits."""
+        lim = self.limits
+        if control.mechanism not in lim.mechanisms:
+            msg = f"control mechanism is not one this device runs ({', '.join(lim.mechanisms)})"
+            raise ControlError(msg, "mechanism")
+        if control.lower != lim.lower:
+            msg = f"control lower end {control.lower:g} differs from this device's {lim.lower:g}"
+            raise ControlError(msg, "lower")
+        limit = lim.epsilon_limit(control.phase)
+        if control.epsilon > limit:
+            name = "threshold-phase epsilon" if control.phase == PHASE_THRESHOLD else "epsilon"
+            flag = "--max-threshold-epsilon" if control.phase == PHASE_THRESHOLD else "--max-epsilon"
+            msg = f"control {name} {control.epsilon:g} is above this device's limit {limit:g} ({flag})"
+            raise ControlError(msg, "threshold_epsilon" if control.phase == PHASE_THRESHOLD else "epsilon")
+        pinned = self.pinned_bound
+        if control.phase == PHASE_THRESHOLD:
+            assert control.bound is not None
+            if pinned is not None and control.bound != pinned:
+                msg = f"control bound {control.bound:g} differs from the bound pinned on this device ({pinned:g})"
+                raise ControlError(msg, "bound")
+        else:
+            assert control.theta is not None
+            if pinned is not None and not control.theta <= pinned:
+                msg = f"control theta {control.theta:g} is outside (0, {pinned:g}], the bound pinned on this device"
+                raise ControlError(msg, "theta")
 
     def on_control(self, message: Any) -> str | None:
         """Follow a control message (dict, JSON text or bytes; empty withdraws it); returns the phase.
 
-        Raises :class:`ControlError` (and keeps the previous control) when the message is invalid.
+        Raises :class:`ControlError` when the message is malformed or outside the pinned limits: it is counted in
+        :attr:`refusals`, and the device reports nothing (``perturb`` raises) until an acceptable one arrives.
         """
         if message in (b"", "", None):
             self.control = None
             return None
-        self.control = parse_control(message, self.stream)
-        return self.control.phase
+        try:
+            control = parse_control(message, self.stream)
+            self.check(control)
+        except ControlError as exc:
+            self.control = None
+            self.refusals[exc.reason] += 1
+            raise
+        if control.phase == PHASE_THRESHOLD and self.pinned_bound is None:
+            self.pinned_bound = control.bound  # pinned on first use: a later bound that differs is refused
+        self.control = control
+        return control.phase
 
     def _uniforms(self, address: int, count: int) -> np.ndarray:
         start = self._positions[address]
@@ -245,9 +358,11 @@ class Device:
         return self._gen.uniforms(Domain.LOCAL, address, start, count)
 
     def perturb_values(self, readings: Any) -> np.ndarray:
-        """The reports (reading units) for a batch of finite, non-negative readings, under the current control."""
+        """The reports (reading units) for a batch of finite, non-negative readings, under the current control.
+
+        Each reading is reported once: the account adds the control's epsilon for each of them."""
         if self.control is None:
-            msg = "no control message yet: the device does not know its phase"
+            msg = "no acceptable control message: the device reports nothing"
             raise RuntimeError(msg)
         v = np.asarray(readings, dtype=np.float64).reshape(-1)
         if v.size and (not np.isfinite(v).all() or (v < 0).any()):
@@ -262,27 +377,37 @@ class Device:
             u = self._uniforms(ADDRESS_HYBRID, 2 * v.size)
             out = hybrid_report(v, c.theta, c.epsilon, u[0::2], u[1::2])
         self.reports += v.size
+        self.account.add(c.phase, c.epsilon, v.size)
         return out
 
     def perturb(self, readings: Any, ts: Any = None) -> list[dict[str, Any]]:
         """Report messages (JSON-ready dicts) for a batch of readings; ``ts`` a time or one per reading (default
-        now)."""
+        now). With ``sequence`` on, each carries the next ``seq``."""
+        n = int(np.size(readings))
+        if ts is None:
+            stamps: list[float] = [round(time.time(), 3)] * n
+        elif np.ndim(ts) == 0:
+            stamps = [float(ts)] * n
+        else:
+            stamps = [float(t) for t in ts]
+            if len(stamps) != n:
+                msg = "ts must be one time or one time per reading"
+                raise ValueError(msg)
         values = self.perturb_values(readings)
         assert self.control is not None
         phase, theta = self.control.phase, self.control.theta
-        if ts is None:
-            stamps: Iterable[float] = [round(time.time(), 3)] * values.size
-        elif np.ndim(ts) == 0:
-            stamps = [float(ts)] * values.size
-        else:
-            stamps = [float(t) for t in ts]
-            if len(stamps) != values.size:
-                msg = "ts must be one time or one time per reading"
-                raise ValueError(msg)
+        ys = values.tolist()
+        if self.seq is None:
+            if phase == PHASE_THRESHOLD:
+                return [{"report": y, "phase": phase, "ts": t} for y, t in zip(ys, stamps, strict=True)]
+            return [{"report": y, "phase": phase, "ts": t, "theta": theta} for y, t in zip(ys, stamps, strict=True)]
+        first = self.seq.take(n) if n else 0
+        seqs = range(first, first + n)
         if phase == PHASE_THRESHOLD:
-            return [{"report": float(y), "phase": phase, "ts": t} for y, t in zip(values, stamps, strict=True)]
+            return [{"report": y, "phase": phase, "ts": t, "seq": q} for y, t, q in zip(ys, stamps, seqs, strict=True)]
         return [
-            {"report": float(y), "phase": phase, "ts": t, "theta": theta} for y, t in zip(values, stamps, strict=True)
+            {"report": y, "phase": phase, "ts": t, "theta": theta, "seq": q}
+            for y, t, q in zip(ys, stamps, seqs, strict=True)
         ]
 
 
@@ -306,14 +431,21 @@ class DeviceOptions:
     buffer: int = 1000
     control_timeout: float | None = None
     client_id: str | None = None
+    limits: DeviceLimits | None = None
+    state_file: str | None = None
+    status_interval: float = 60.0
 
 
 class _Pipeline:
-    """Readings -> held until a control message -> reports -> outbox; at most ``limit`` readings in flight."""
+    """Readings -> held until an acceptable control message -> reports -> outbox; at most ``limit`` readings in
+    flight. A reading is perturbed once, under the control in force when it is taken (or, if none is, under the
+    next acceptable one); a refused control message stops all new reports."""
 
-    def __init__(self, device: Device, limit: int) -> None:
+    def __init__(self, device: Device, limit: int, state: DeviceState | None = None) -> None:
         self.device = device
         self.limit = limit
+        self.state = state
+        self.refused_before = state.refused if state is not None else 0  # refusals of earlier runs
         self.held: list[tuple[float, float]] = []
         self.outbox: collections.deque[dict[str, Any]] = collections.deque()
         self.cond = asyncio.Condition()
@@ -324,6 +456,27 @@ class _Pipeline:
 
     def _in_flight(self) -> int:
         return len(self.held) + len(self.outbox)
+
+    def save_state(self) -> None:
+        """Write the state file (account, pinned bound, reserved seq numbers), if the device keeps one."""
+        st = self.state
+        if st is None:
+            return
+        st.account, st.bound = self.device.account, self.device.pinned_bound
+        st.refused = self.refused_before + self.device.refused
+        try:
+            st.save(self.device.limits)
+        except OSError as exc:
+            log.warning("cannot write the state file (%s)", exc.strerror or type(exc).__name__)
+
+    def _perturb(self, values: list[float], stamps: list[float]) -> list[dict[str, Any]]:
+        seq, st = self.device.seq, self.state
+        if seq is not None and st is not None:
+            last = seq.peek(len(values)) + len(values)
+            if last > st.seq_reserved:  # reserve before use: a restart starts above every number sent
+                st.seq_reserved = last + SEQ_RESERVE
+                self.save_state()
+        return self.device.perturb(values, stamps)
 
     async def add(self, readings: list[float], stamps: list[float]) -> None:
         i = 0
@@ -336,7 +489,7 @@ class _Pipeline:
                 if self.device.control is None:
                     self.held.extend(zip(part, part_ts, strict=True))
                 else:
-                    self.outbox.extend(self.device.perturb(part, part_ts))
+                    self.outbox.extend(self._perturb(part, part_ts))
                 self.cond.notify_all()
 
     async def control(self, payload: bytes) -> None:
@@ -344,7 +497,10 @@ class _Pipeline:
             try:
                 phase = self.device.on_control(payload)
             except ControlError as exc:
-                log.warning("ignoring control message: %s", exc)
+                self.has_control.clear()
+                log.warning("refusing control message (%s): %s; no report until an acceptable one arrives",
+                            exc.reason, exc)
+                self.save_state()
                 return
             if phase is None:
                 log.info("control withdrawn; holding readings")
@@ -356,7 +512,7 @@ class _Pipeline:
                 self.has_control.set()
                 if self.held:
                     values, stamps = zip(*self.held, strict=True)
-                    self.outbox.extend(self.device.perturb(list(values), list(stamps)))
+                    self.outbox.extend(self._perturb(list(values), list(stamps)))
                     self.held.clear()
             self.cond.notify_all()
 
@@ -514,20 +670,51 @@ async def _watchdog(pipeline: _Pipeline, timeout: float) -> None:
         raise _ControlTimeout(msg) from None
 
 
+async def _status(pipeline: _Pipeline, interval: float) -> None:
+    """Every ``interval`` seconds: the account on one log line, and the state file."""
+    while True:
+        await asyncio.sleep(interval)
+        log.info("%s; %d control messages refused", pipeline.device.account.line(), pipeline.device.refused)
+        pipeline.save_state()
+
+
 async def run_device(options: DeviceOptions, device: Device | None = None) -> int:
-    """Run a device until its input ends and every report is published; returns the exit status."""
-    device = device or Device(options.stream)
-    pipeline = _Pipeline(device, options.buffer)
+    """Run a device until its input ends and every report is published; returns the exit status.
+
+    Without ``device`` one is made from ``options.limits`` (and the state file, when given)."""
+    state = None
+    if options.state_file:
+        state = DeviceState(options.state_file, options.stream)
+        state.load()  # ValueError: main() checks it first
+    if device is None:
+        if options.limits is None:
+            msg = "a device needs its pinned limits (at least max_epsilon)"
+            raise ValueError(msg)
+        device = Device(
+            options.stream,
+            options.limits,
+            seq_floor=state.seq_reserved if state else 0,
+            account=state.account if state else None,
+            bound=state.bound if state else None,
+        )
+    pipeline = _Pipeline(device, options.buffer, state)
     status = 0
     try:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_read_input(options.input, pipeline), name=f"tops-device[{options.stream}].input")
             conn = tg.create_task(_connection(options, pipeline), name=f"tops-device[{options.stream}].mqtt")
+            background = []
+            if options.status_interval > 0:
+                background.append(tg.create_task(_status(pipeline, options.status_interval), name="tops-device.status"))
             if options.control_timeout:
                 dog = tg.create_task(_watchdog(pipeline, options.control_timeout), name="tops-device.watchdog")
                 await asyncio.wait({conn, dog}, return_when=asyncio.FIRST_COMPLETED)
                 if conn.done() and not dog.done():
                     dog.cancel()
+            else:
+                await asyncio.wait({conn})
+            for task in background:
+                task.cancel()
     except* _ControlTimeout as group:
         log.error("%s", group.exceptions[0])
         status = 3
@@ -535,6 +722,9 @@ async def run_device(options: DeviceOptions, device: Device | None = None) -> in
         exc = group.exceptions[0]
         log.error("cannot read the input: %s", getattr(exc, "strerror", None) or type(exc).__name__)
         status = 1
+    finally:
+        pipeline.save_state()
+        log.info("%s; %d control messages refused", device.account.line(), device.refused)
     return status
 
 
@@ -556,7 +746,74 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--control-timeout", type=float, default=None, metavar="S", help="give up (exit 3) without control after S s"
     )
     parser.add_argument("--client-id", help="MQTT client identifier (default: random)")
+    parser.add_argument(
+        "--max-epsilon", type=float, metavar="EPS",
+        help="REQUIRED (here or in --limits): the largest epsilon this device reports at; a control message asking "
+        "for more is refused",
+    )
+    parser.add_argument(
+        "--max-threshold-epsilon", type=float, metavar="EPS",
+        help="the largest threshold-phase (Square Wave) epsilon (default: --max-epsilon)",
+    )
+    parser.add_argument(
+        "--bound", type=float, metavar="B",
+        help="pin the bound B: a threshold control with another B, or theta above B, is refused (default: the "
+        "first accepted B is pinned)",
+    )
+    parser.add_argument(
+        "--limits", metavar="FILE",
+        help="TOML file of pinned limits: max_epsilon, max_threshold_epsilon, bound, lower, mechanisms "
+        "(options given on the command line win)",
+    )
+    parser.add_argument(
+        "--state-file", metavar="FILE",
+        help="JSON file the device keeps: its privacy account, refusals, the pinned bound and reserved seq numbers",
+    )
+    parser.add_argument(
+        "--status-interval", type=float, default=60.0, metavar="S",
+        help="log the account line and write the state file every S s (default 60; 0: only at exit)",
+    )
+    parser.add_argument(
+        "--no-seq", action="store_true",
+        help="omit seq from reports (only for several devices sharing one stream: the daemon checks seq per stream)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+def _limits_from_args(args: argparse.Namespace) -> tuple[DeviceLimits | None, list[str]]:
+    """The pinned limits from --limits FILE and the command line (which wins), and one line per problem."""
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    if args.limits:
+        values, problems = load_limits_file(args.limits)
+        problems = [f"--limits {args.limits}: {p}" for p in problems]
+    for key in ("max_epsilon", "max_threshold_epsilon", "bound"):
+        if getattr(args, key) is not None:
+            values[key] = getattr(args, key)
+    if values.get("max_epsilon") is None:
+        problems.append(
+            "--max-epsilon is required (or max_epsilon in --limits FILE): the largest epsilon this device reports at"
+        )
+        return None, problems
+    found = limits_problems(
+        values.get("max_epsilon"),
+        values.get("max_threshold_epsilon"),
+        values.get("bound"),
+        values.get("lower", 0.0),
+        values.get("mechanisms"),
+    )
+    problems += [f"--{p.replace('_', '-', 2)}" if p.startswith("max_") or p.startswith("bound") else p for p in found]
+    if problems:
+        return None, problems
+    mechanisms = values.get("mechanisms")
+    limits = DeviceLimits(
+        max_epsilon=values["max_epsilon"],
+        max_threshold_epsilon=values.get("max_threshold_epsilon"),
+        bound=values.get("bound"),
+        lower=values.get("lower", 0.0),
+        **({"mechanisms": tuple(mechanisms)} if mechanisms else {}),
+    )
+    return limits, []
 
 
 def main(args: argparse.Namespace) -> int:
@@ -572,19 +829,30 @@ def main(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"tops device: error: cannot read --password-file ({exc.strerror})", file=sys.stderr)
             return 2
+    problems: list[str] = []
     if args.buffer < 1:
-        print("tops device: error: --buffer must be at least 1", file=sys.stderr)
-        return 2
+        problems.append("--buffer must be at least 1")
     if not 0 < args.port < 65536:
-        print("tops device: error: --port must be in 1..65535", file=sys.stderr)
-        return 2
+        problems.append("--port must be in 1..65535")
+    if not (math.isfinite(args.status_interval) and args.status_interval >= 0):
+        problems.append("--status-interval must be a number of seconds >= 0")
+    limits, found = _limits_from_args(args)
+    problems += found
     try:
-        Device(args.stream)
+        Device(args.stream, limits or 1.0)
     except ValueError as exc:
-        print(f"tops device: error: --stream: {exc}", file=sys.stderr)
-        return 2
+        problems.append(f"--stream: {exc}")
+    else:
+        if args.state_file:
+            try:
+                DeviceState(args.state_file, args.stream).load()
+            except ValueError as exc:
+                problems.append(f"--state-file {args.state_file}: {exc}")
     if args.input != "-" and not os.path.exists(args.input):
-        print(f"tops device: error: --input {args.input} does not exist", file=sys.stderr)
+        problems.append(f"--input {args.input} does not exist")
+    if problems:
+        for p in problems:
+            print(f"tops device: error: {p}", file=sys.stderr)
         return 2
     options = DeviceOptions(
         host=args.host,
@@ -599,5 +867,19 @@ def main(args: argparse.Namespace) -> int:
         buffer=args.buffer,
         control_timeout=args.control_timeout,
         client_id=args.client_id,
+        limits=limits,
+        state_file=args.state_file,
+        status_interval=args.status_interval,
     )
-    return asyncio.run(run_device(options))
+    state = DeviceState(args.state_file, args.stream) if args.state_file else None
+    if state is not None:
+        state.load()
+    device = Device(
+        args.stream,
+        limits,
+        sequence=not args.no_seq,
+        seq_floor=state.seq_reserved if state else 0,
+        account=state.account if state else None,
+        bound=state.bound if state else None,
+    )
+    return asyncio.run(run_device(options, device))

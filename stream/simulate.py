@@ -45,11 +45,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--rate", type=float, default=0.0, help="readings per second to pace output (default: no pacing)"
     )
     p.add_argument("--prefix", default="meter-", help="stream name prefix (default meter-)")
+    p.add_argument(
+        "--seq-start", type=int, default=None, metavar="N",
+        help="seq of each stream's first reading (default: the time in microseconds, so a re-run continues above "
+        "the numbers of an earlier run and its readings are not dropped as duplicates)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     if args.streams < 1 or args.ticks < 1:
         print("tops simulate: error: --streams and --ticks must be at least 1", file=sys.stderr)
+        return 2
+    seq_start = time.time_ns() // 1000 if args.seq_start is None else args.seq_start
+    if not 0 <= seq_start < (1 << 63) - args.ticks:
+        print("tops simulate: error: --seq-start must be in [0, 2^63 - ticks)", file=sys.stderr)
         return 2
     if args.format == "npy" and (not args.out or args.streams != 1):
         print("tops simulate: error: --format npy needs --out FILE and a single stream", file=sys.stderr)
@@ -74,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
                 if args.format == "csv":
                     out.write(f"{name},{v}\n")
                 else:
-                    out.write(json.dumps({"stream": name, "seq": i, "ts": t0 + 60 * i, "value": v}) + "\n")
+                    out.write(json.dumps({"stream": name, "seq": seq_start + i, "ts": t0 + 60 * i, "value": v}) + "\n")
                 if pause:
                     out.flush()
                     time.sleep(pause)

@@ -30,7 +30,8 @@ class SimDevice:
     """One device: its own MQTT connection, following the retained control message of its stream."""
 
     def __init__(self, i: int, port: int, stream: str) -> None:
-        self.device = Device(stream)
+        # 50 devices share one stream, and the daemon checks seq per stream: no seq here
+        self.device = Device(stream, 1.0, sequence=False)
         self.lock = threading.Lock()
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"sim-device-{i}")
         self.client.on_message = self._on_message
