@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 __all__ = ["MESSAGE_RESULTS", "READING_RESULTS", "Metrics"]
 
 # Fixed label values: the label sets are bounded by construction.
-MESSAGE_RESULTS = ("ok", "invalid", "too_large", "invalid_topic", "stream_cap")
+MESSAGE_RESULTS = ("ok", "invalid", "too_large", "invalid_topic", "stream_cap", "overload")
 READING_RESULTS = ("ok", "invalid", "late", "duplicate", "stream_cap")
 SINKS = ("mqtt", "stdout")
 
@@ -36,8 +36,8 @@ class Metrics:
                                 registry=r)
         for s in SINKS:
             self.releases.labels(s)
-        self.releases_dropped = Counter("tops_releases_dropped", "Releases dropped because the publish queue "
-                                        "was full.", registry=r)
+        self.releases_dropped = Counter("tops_releases_dropped", "Releases dropped by the publish queue "
+                                        "(none since it never drops: kept for dashboards).", registry=r)
         self.streams_active = Gauge("tops_streams_active", "Streams known to the daemon.", registry=r)
         self.streams_holdout = Gauge("tops_streams_holdout", "Streams still in their holdout.", registry=r)
         self.mqtt_connected = Gauge("tops_mqtt_connected", "1 while connected to the broker.", registry=r)
