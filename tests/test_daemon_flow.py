@@ -4,11 +4,13 @@ cannot be taken at QoS 0 is counted, no release is dropped while connected, noth
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,7 +21,6 @@ from tests.conftest import (
     daemon_config,
     free_port,
     publish,
-    publish_file,
     wait_for,
 )
 
@@ -96,3 +97,54 @@ def test_qos0_flood_bounded_memory_ticks_flow_and_overload_counted(mosquitto_unb
         sub.close()
         daemon.kill()
     assert "Traceback" not in daemon.stderr()
+
+
+def test_qos0_messages_received_before_a_lost_connection_are_processed_on_resume() -> None:
+    """Item 4: messages still in the incoming queue when the connection ends. QoS 1 ones (not acknowledged) wait
+    for the CONNACK: the broker redelivers them if it kept the session. QoS 0 ones are never redelivered: they are
+    processed at once, never thrown away by the backlog settling (before: all discarded when the session stayed)."""
+    import aiomqtt
+
+    from stream.metrics import Metrics
+    from stream.sinks import PublishQueue
+    from stream.sources import IncomingQueue, MqttLink
+
+    settings = SimpleNamespace(session="persistent", host="127.0.0.1", port=1)
+    processed: list[aiomqtt.Message] = []
+
+    async def go() -> None:
+        link = MqttLink(settings, topics=["meters/+/reading"], in_qos=1, out_qos=1, pubq=PublishQueue(10),
+                        metrics=Metrics(), on_messages=processed.extend, max_batch=7, inflight=10,
+                        manual_ack=True, max_queue=100)
+        q = IncomingQueue(100)
+        for i in range(40):
+            q.put_nowait(aiomqtt.Message("meters/a/reading", str(i).encode(), i % 4 == 0, False, i + 1, None))
+        link._after_connection(q)
+        assert [int(m.payload) for m in processed] == [i for i in range(40) if i % 4]  # QoS 0: processed now
+        link.session_present = True
+        link._settle_backlog()  # the broker kept the session: it redelivers the 10 QoS 1 messages
+        assert len(processed) == 30
+        link._after_connection(IncomingQueue(100))
+        link._backlog = [aiomqtt.Message("meters/a/reading", b"7", 1, False, 5, None)]
+        link.session_present = False
+        link._settle_backlog()  # the broker lost the session: processed now
+        assert len(processed) == 31
+
+    asyncio.run(go())
+
+
+def test_incoming_queue_bound_counts_qos0_overload_and_keeps_qos1() -> None:
+    import aiomqtt
+
+    from stream.sources import IncomingQueue
+
+    async def go() -> None:
+        q = IncomingQueue(3)
+        for i in range(6):
+            q.put_nowait(aiomqtt.Message("t/a/r", b"1", i % 2, False, i + 1, None))
+        assert q.qsize() == 5 and q.overload == 1 and q.qos1 == 3  # QoS 1 is never dropped
+        q.get_nowait()  # a QoS 0 message
+        q.get_nowait()
+        assert q.qos1 == 2
+
+    asyncio.run(go())
