@@ -471,7 +471,12 @@ class MqttLink:
                 self._receiver = tg.create_task(self._receive(client, queue), name="tops.mqtt.receive")
             else:
                 self.intake_done.set()
-            tg.create_task(self._publish(client), name="tops.mqtt.publish")
+            watch = tg.create_task(self._watch(client), name="tops.mqtt.watch")
+            tg.create_task(self._publish(client, watch), name="tops.mqtt.publish")
+
+    async def _watch(self, client: aiomqtt.Client) -> None:
+        """End the connection's tasks when it is lost, even with nothing to receive or publish (stdin input)."""
+        await asyncio.shield(client._disconnected)  # private (aiomqtt 2.x): raises MqttError when the link is lost
 
     async def _receive(self, client: aiomqtt.Client, queue: IncomingQueue) -> None:
         messages = client.messages
@@ -521,7 +526,13 @@ class MqttLink:
         self._drain(queue, client)
         self.intake_done.set()
 
-    async def _publish(self, client: aiomqtt.Client) -> None:
+    async def _publish(self, client: aiomqtt.Client, watch: asyncio.Task[None]) -> None:
+        try:
+            await self._publish_loop(client)
+        finally:
+            watch.cancel()
+
+    async def _publish_loop(self, client: aiomqtt.Client) -> None:
         paho = client._client  # private: publish without awaiting each confirmation (aiomqtt 2.x)
         pubq, items, inflight, qos = self.pubq, self.pubq.items, self.inflight, self.out_qos
         while True:

@@ -21,6 +21,7 @@ from tests.conftest import (
     daemon_config,
     free_port,
     publish,
+    publish_file,
     wait_for,
 )
 
@@ -148,3 +149,96 @@ def test_incoming_queue_bound_counts_qos0_overload_and_keeps_qos1() -> None:
         assert q.qos1 == 2
 
     asyncio.run(go())
+
+
+def test_one_release_per_tick_with_a_small_publish_queue_while_connected(mosquitto, tmp_path: Path) -> None:
+    """Item 3: one legal batch of 20,000 readings with `publish_queue = 100`: every tick is released exactly once
+    at the consumer (before: all but the last 100 of them were dropped by the publish queue, the broker up)."""
+    n = 20_000
+    mport = free_port()
+    cfg = daemon_config(tmp_path, mosquitto.port, mport, output={"publish_queue": 100, "status_topic": ""},
+                        streams={"template": {"theta": 50.0}})
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    sub = Subscriber(mosquitto.port, "dp/+")
+    try:
+        daemon.wait_connected()
+        sub.wait_ready("dp/probe")
+        batch = tmp_path / "batch.json"
+        batch.write_text("[" + ",".join(str(i % 90) for i in range(n)) + "]")
+        assert publish_file(mosquitto.port, "meters/big/reading", batch).returncode == 0
+        wait_for(lambda: daemon.metrics()["tops_releases_total{sink=mqtt}"] >= n, 120, interval=0.5,
+                 what="every release confirmed")
+        wait_for(lambda: len(sub.payloads()) >= n, 60, what="every release at the consumer")
+        ticks = sorted(p["tick"] for p in sub.payloads() if p.get("stream") == "big")
+        assert ticks == list(range(n))
+        assert daemon.metrics()["tops_releases_dropped_total"] == 0
+        assert daemon.stop() == 0
+    finally:
+        sub.close()
+        daemon.kill()
+
+
+@pytest.fixture
+def mosquitto_persistent(tmp_path: Path):
+    """A broker that keeps sessions across a restart (persistence on): the consumer's queue survives it."""
+    yield from _broker(tmp_path, f"allow_anonymous true\npersistence true\npersistence_location {tmp_path}/\n")
+
+
+class SessionSubscriber(Subscriber):
+    """``mosquitto_sub`` with a persistent session (`-c -i`): what is published while it is away is queued."""
+
+    def __init__(self, port: int, topic: str, client_id: str, lines: list | None = None) -> None:
+        import threading
+
+        self.port, self.user = port, None
+        self.lines = lines if lines is not None else []
+        cmd = ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-t", topic, "-q", "1", "-v", "-c",
+               "-i", client_id]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+
+def test_releases_made_while_the_broker_is_down_spill_to_disk_and_all_arrive(mosquitto_persistent,
+                                                                              tmp_path: Path) -> None:
+    """Item 3: readings keep coming on stdin while the broker is down; the releases that do not fit in
+    `publish_queue = 50` go to the outbox on disk (durable state) and every one arrives after the restart, once per
+    tick (before: all but the last 50 were dropped)."""
+    broker = mosquitto_persistent
+    mport = free_port()
+    cfg = daemon_config(tmp_path, broker.port, mport, input={"source": "stdin"},
+                        output={"publish_queue": 50, "status_topic": ""}, streams={"template": {"theta": 50.0}})
+    proc = subprocess.Popen([sys.executable, "-m", "stream.cli", "run", "--config", str(cfg)], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=(tmp_path / "daemon.log").open("wb"))
+    metrics = DaemonProcess.metrics.__get__(SimpleNamespace(metrics_port=mport))
+    sub = SessionSubscriber(broker.port, "dp/+", "consumer-spill")
+    assert proc.stdin is not None
+    try:
+        wait_for(lambda: metrics()["tops_mqtt_connected"] == 1.0, 20, what="daemon connected")
+        sub.wait_ready("dp/probe")
+        proc.stdin.write(b"".join(f"s,{i % 90}\n".encode() for i in range(200)))
+        proc.stdin.flush()
+        wait_for(lambda: len(sub.payloads()) >= 200, 30, what="first releases")
+        sub.close()
+        broker.stop()
+        wait_for(lambda: metrics()["tops_mqtt_connected"] == 0, 10, what="daemon disconnected")
+        proc.stdin.write(b"".join(f"s,{i % 90}\n".encode() for i in range(200, 3000)))
+        proc.stdin.flush()
+        wait_for(lambda: metrics()["tops_publish_queue_depth"] >= 2800, 30, what="releases kept")
+        spilled = sum(p.stat().st_size for p in (tmp_path / "state").glob("outbox-*.spill"))
+        assert spilled > 0  # past the 50 in memory: on disk
+        broker.start()
+        sub = SessionSubscriber(broker.port, "dp/+", "consumer-spill", lines=sub.lines)
+        wait_for(lambda: len({p["tick"] for p in sub.payloads() if p.get("stream") == "s"}) >= 3000, 60,
+                 what="every release after the restart")
+        ticks = {p["tick"] for p in sub.payloads() if p.get("stream") == "s"}
+        assert ticks == set(range(3000))
+        assert metrics()["tops_releases_dropped_total"] == 0
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        sub.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert "Traceback" not in (tmp_path / "daemon.log").read_text()
