@@ -302,7 +302,7 @@ class MqttLink:
                 break
             if sock.pending() > 0 and paho._sock is sock:  # TLS bytes decrypted ahead, which the selector misses
                 asyncio.get_running_loop().call_soon(self._on_readable, client, sock)
-        except Exception as exc:  # noqa: BLE001  (as aiomqtt's callback: a read error ends the connection)
+        except Exception as exc:  # as aiomqtt's callback: a read error ends the connection
             if not client._disconnected.done():
                 client._disconnected.set_exception(exc)
         finally:
