@@ -92,6 +92,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "max_payload_bytes": Field("int", 1 << 20, "Larger payloads are rejected (result `too_large`).", low=16),
         "default_stream": Field("str", "default", "Stream of stdin readings that name none."),
         "max_batch": Field("int", 5000, "Most messages taken from the incoming queue per processing step.", low=1),
+        "max_queue": Field("int", 10_000, "Bound of the incoming queue (messages received, not yet processed). A "
+                           "QoS 0 message arriving when it is full is counted (result `overload`) and not kept; QoS 1 "
+                           "messages are acknowledged only once processed, so the broker holds the rest.", low=1),
     },
     "output": {
         "sinks": Field("strlist", ["stdout"], "Where releases go: any of `mqtt`, `stdout`."),
@@ -103,8 +106,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "batch": Field("bool", False,
                        "Publish the releases of one stream from one processing step as one JSON array message."),
         "publish_queue": Field("int", 100_000,
-                               "Releases waiting for the broker (while disconnected); when full the oldest "
-                               "is dropped and counted.", low=1),
+                               "Messages kept in memory for the broker. Nothing is dropped: when it is full, intake "
+                               "waits; while the broker is unreachable, with durable state, the rest goes to the "
+                               "outbox on disk.", low=1),
+        "outbox_max_bytes": Field("int", 0, "Disk budget of the outbox for releases made while the broker is "
+                                  "unreachable (durable state; 0: no limit). When it is reached, intake waits.",
+                                  low=0),
         "inflight": Field("int", 1000, "Most published messages awaiting confirmation at a time.", low=1),
         "status_interval": Field("float", 10.0, "Seconds between status updates while a stream is in holdout.",
                                  low=0.1),

@@ -151,7 +151,7 @@ class Daemon:
             self.link = MqttLink(
                 cfg.mqtt, topics=cfg.input.topics if cfg.input.source == "mqtt" else [], in_qos=cfg.input.qos,
                 out_qos=cfg.output.qos, pubq=self.pubq, metrics=m, on_messages=self.on_mqtt_messages,
-                max_batch=cfg.input.max_batch, inflight=cfg.output.inflight)
+                max_batch=cfg.input.max_batch, inflight=cfg.output.inflight, max_queue=cfg.input.max_queue)
             if cfg.input.source == "mqtt":
                 self.topics = TopicRouter(cfg.input.topics)
                 m.watch(m.incoming_queue, self.link.queue_depth)
@@ -462,6 +462,8 @@ class Daemon:
         eof = False
         try:
             while not eof:
+                if self.pubq is not None:
+                    await self.pubq.wait_room()  # releases waiting for the broker: intake waits, never drops
                 chunk = await queue.get()
                 while chunk is not None:
                     self.on_lines(chunk)
@@ -605,6 +607,9 @@ class Daemon:
             n = self.link.take_published()
             if n:
                 m.releases.labels("mqtt").inc(n)
+            n = self.link.take_overload()
+            if n:
+                m.messages.labels("overload").inc(n)
         if self.pubq is not None:
             n = self.pubq.take_dropped()
             if n:

@@ -36,6 +36,7 @@ from stream.config import build_operator
 from stream.journal import Journal
 from stream.keys import derive_stream_key, load_master_key
 from stream.router import ReleaseBatch, StreamRecord
+from stream.spill import Spill
 from stream.store import Store, StoreError
 from stream.ticking import PeriodBins
 
@@ -219,6 +220,8 @@ class Durability:
         for s in stored:
             daemon.stream_record(s["name"])
         outbox = self.store.outbox()
+        if daemon.pubq is not None:  # the outbox: in the store, then what did not fit in memory (stream/spill.py)
+            daemon.pubq.spill = Spill.open(self.store.path.parent, daemon.cfg.output.outbox_max_bytes, self.fsync)
         if outbox:
             if daemon.pubq is not None:
                 daemon.pubq.requeue(outbox)
@@ -395,7 +398,12 @@ class Durability:
         for n in names:
             if streams[n].operator.phase == "holdout":
                 self.saved_in_holdout.add(n)
+        spill = daemon.pubq.spill if daemon.pubq is not None else None
+        if spill is not None:
+            spill.sync()
         self.store.checkpoint(states, position, self.outbox())
+        if spill is not None:
+            spill.commit()  # after the commit: a crash in between repeats messages, never loses one
         self.journal.drop_before(position)
         if left_holdout:  # the holdout histograms are gone from the rows; purge the old page images too
             self.store.purge_freed_pages()
@@ -435,4 +443,6 @@ class Durability:
         """The last checkpoint is taken by the drain; close the files."""
         with contextlib.suppress(OSError):
             self.journal.close()
+        if self.daemon.pubq is not None and self.daemon.pubq.spill is not None:
+            self.daemon.pubq.spill.close()
         self.store.close()

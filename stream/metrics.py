@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 __all__ = ["EVENT_RESULTS", "MESSAGE_RESULTS", "READING_RESULTS", "Metrics"]
 
 # Fixed label values: the label sets are bounded by construction.
-MESSAGE_RESULTS = ("ok", "invalid", "too_large", "invalid_topic", "stream_cap", "failed")
+MESSAGE_RESULTS = ("ok", "invalid", "too_large", "invalid_topic", "stream_cap", "failed", "overload")
 READING_RESULTS = ("ok", "invalid", "late", "duplicate", "stream_cap", "failed")
 SINKS = ("mqtt", "stdout")
 
@@ -49,8 +49,8 @@ class Metrics:
                                 registry=r)
         for s in SINKS:
             self.releases.labels(s)
-        self.releases_dropped = Counter("tops_releases_dropped", "Releases dropped because the publish queue "
-                                        "was full.", registry=r)
+        self.releases_dropped = Counter("tops_releases_dropped", "Releases dropped by the publish queue "
+                                        "(none since it never drops: kept for dashboards).", registry=r)
         self.streams_active = Gauge("tops_streams_active", "Streams known to the daemon.", registry=r)
         self.streams_holdout = Gauge("tops_streams_holdout", "Streams still in their holdout.", registry=r)
         self.streams_failed = Gauge("tops_streams_failed", "Streams marked failed (their operator raised): they "

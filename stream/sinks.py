@@ -7,7 +7,7 @@ import json
 import sys
 from collections import deque
 from collections.abc import Iterable
-from typing import IO
+from typing import IO, Any
 
 from stream.router import ReleaseBatch, StreamRecord
 
@@ -44,34 +44,81 @@ def encode_status(rec: StreamRecord) -> bytes:
 class PublishQueue:
     """Messages ``(topic, payload, retain, n)`` waiting for the broker (``n``: releases carried, 0 for a status).
 
-    Bounded: when full, the oldest message is dropped and its releases counted in ``dropped``.
+    Nothing is ever dropped. ``limit`` messages are kept in memory; the daemon's intake waits (:meth:`wait_room`)
+    while the queue holds ``limit`` or more. While the broker is unreachable (``connected`` False) and a
+    :class:`~stream.spill.Spill` is attached (durable state), what does not fit in memory goes to disk, in order,
+    and is read back as the queue drains; intake then waits only when the spill's disk budget is reached. The
+    memory part may exceed ``limit`` by the releases of one processing step, and by period and status messages made
+    while intake waits.
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.items: deque[tuple[str, bytes, bool, int]] = deque()
-        self.dropped = 0  # releases dropped since the last take_dropped()
+        self.dropped = 0  # kept for the metric: nothing is dropped any more
         self.nonempty = asyncio.Event()
+        self.room = asyncio.Event()
+        self.room.set()
+        self.connected = False  # set by the MQTT link
+        self.spill: Any = None  # stream.spill.Spill, attached with durable state
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.items) + (len(self.spill) if self.spill is not None else 0)
 
     def put(self, topic: str, payload: bytes, retain: bool = False, n: int = 1) -> None:
-        items = self.items
-        if len(items) >= self.limit:
-            self.dropped += items.popleft()[3]
-        items.append((topic, payload, retain, n))
-        self.nonempty.set()
+        self.put_many(((topic, payload, retain, n),))
 
     def put_many(self, messages: Iterable[tuple[str, bytes, bool, int]]) -> None:
-        for m in messages:
-            self.put(*m)
+        items, spill = self.items, self.spill
+        if spill is not None and (len(spill) or (not self.connected and len(items) >= self.limit)):
+            messages = list(messages)
+            if spill.append(messages):  # behind what is already on disk, or memory is full while disconnected
+                self._update()
+                return
+        items.extend(messages)
+        self._update()
 
     def requeue(self, messages: list[tuple[str, bytes, bool, int]]) -> None:
         """Put unconfirmed messages back at the front, in their order (after a lost connection)."""
         self.items.extendleft(reversed(messages))
-        if self.items:
+        self._update()
+
+    def refill(self) -> None:
+        """Read spilled messages back into memory while it has room (in order, behind what is there)."""
+        spill = self.spill
+        if spill is not None and len(spill) and len(self.items) < self.limit // 2 + 1:
+            self.items.extend(spill.read(self.limit - len(self.items)))
+            self._update()
+
+    def has_room(self) -> bool:
+        if len(self) < self.limit:
+            return True
+        spill = self.spill
+        return spill is not None and not self.connected and spill.room()
+
+    def _update(self) -> None:
+        if self.items or (self.spill is not None and len(self.spill)):
             self.nonempty.set()
+        if self.has_room():
+            self.room.set()
+        else:
+            self.room.clear()
+
+    def set_connected(self, connected: bool) -> None:
+        self.connected = connected
+        self._update()
+
+    def taken(self) -> None:
+        """Called after messages left the front (published): refill from disk, wake a waiting intake."""
+        self.refill()
+        if not self.room.is_set() and self.has_room():
+            self.room.set()
+
+    async def wait_room(self) -> None:
+        """Return when the queue can take more (at once, mostly)."""
+        while not self.has_room():
+            self.room.clear()
+            await self.room.wait()
 
     def take_dropped(self) -> int:
         n, self.dropped = self.dropped, 0

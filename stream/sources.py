@@ -109,6 +109,7 @@ class ReadAheadSocket:
         self._chunk = chunk
         self._data = b""
         self._pos = 0
+        self.budget: int | None = None  # bytes the current reader callback may still take from the kernel
 
     def recv(self, n: int) -> bytes:
         data, pos = self._data, self._pos
@@ -116,6 +117,11 @@ class ReadAheadSocket:
             out = data[pos:pos + n]
             self._pos = pos + len(out)
             return out
+        budget = self.budget
+        if budget is not None:
+            if budget <= 0:  # this callback's share is used: paho keeps its partial packet, the loop runs others
+                raise BlockingIOError
+            self.budget = budget - self._chunk
         data = self._sock.recv(max(n, self._chunk))  # BlockingIOError, TLS "want read", b"" at EOF: as they are
         if len(data) <= n:
             self._data, self._pos = b"", 0
@@ -127,8 +133,45 @@ class ReadAheadSocket:
         inner = getattr(self._sock, "pending", None)
         return len(self._data) - self._pos + (inner() if inner is not None else 0)
 
+    def buffered(self) -> int:
+        """Bytes read ahead and not yet served (no system call needed to serve them)."""
+        return len(self._data) - self._pos
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
+
+
+class IncomingQueue(asyncio.Queue):  # type: ignore[type-arg]
+    """The client's queue of received messages, bounded by ``bound`` for QoS 0.
+
+    A QoS 0 message that arrives while the queue holds ``bound`` messages is not kept: it is counted in
+    ``overload`` (metric result `overload`). QoS 1 messages are always kept: they are acknowledged only once
+    processed, so the broker holds the rest (its in-flight window); ``qos1`` counts them, and the link stops
+    reading the socket while they alone fill the queue.
+    """
+
+    def __init__(self, bound: int) -> None:
+        super().__init__()
+        self.bound = bound
+        self.overload = 0
+        self.qos1 = 0
+
+    def put_nowait(self, item: Any) -> None:
+        if item.qos:
+            self.qos1 += 1
+        elif self.qsize() >= self.bound:
+            self.overload += 1
+            return
+        super().put_nowait(item)
+
+    def get_nowait(self) -> Any:
+        item = super().get_nowait()
+        if item.qos:
+            self.qos1 -= 1
+        return item
+
+
+READ_BUDGET = 1 << 16  # bytes one reader callback takes from the socket before the event loop runs the others
 
 
 class MqttLink:
@@ -136,9 +179,16 @@ class MqttLink:
 
     def __init__(self, settings: Any, *, topics: list[str], in_qos: int, out_qos: int, pubq: PublishQueue,
                  metrics: Metrics, on_messages: Callable[[list[aiomqtt.Message]], None], max_batch: int,
-                 inflight: int, manual_ack: bool = False) -> None:
+                 inflight: int, manual_ack: bool = False, max_queue: int = 10_000) -> None:
         self.settings = settings
-        self.manual_ack = manual_ack  # acknowledge QoS 1 readings only when ack() is called (after the journal)
+        # True: the daemon acknowledges QoS 1 readings (ack(), after the journal); False: the link does, once
+        # they are processed. Either way never on receipt, so that the broker holds what is not taken yet.
+        self.manual_ack = manual_ack
+        self.max_queue = max_queue
+        self.overload = 0  # QoS 0 messages not taken (queue full), since the last take_overload()
+        self._paused = False
+        self._waiting_room = False  # intake waits for the publish queue: keep reading (acknowledgements)
+        self._reader: tuple[Any, Any] | None = None  # (client, socket) of the reader callback
         self.client: aiomqtt.Client | None = None  # the current connection's client
         self.session_present = False  # from the last CONNACK (manual acknowledgements only)
         self._backlog: list[aiomqtt.Message] = []
@@ -150,7 +200,7 @@ class MqttLink:
         self.on_messages = on_messages
         self.max_batch = max_batch
         self.window = inflight
-        self.queue: asyncio.Queue[aiomqtt.Message] | None = None
+        self.queue: IncomingQueue | None = None
         self.inflight: deque[tuple[Any, Message]] = deque()
         self.published_releases = 0  # confirmed since the last take_published()
         self.connected = asyncio.Event()
@@ -202,8 +252,81 @@ class MqttLink:
         n, self.published_releases = self.published_releases, 0
         return n
 
+    def take_overload(self) -> int:
+        q = self.queue
+        n = self.overload + (q.overload if q is not None else 0)
+        self.overload = 0
+        if q is not None:
+            q.overload = 0
+        return n
+
+    @property
+    def _acks_qos1(self) -> bool:
+        """paho-mqtt manual acknowledgements: on whenever readings come at QoS 1."""
+        return bool(self.topics) and self.in_qos >= 1
+
+    # -- reading the socket: bounded work per callback, paused while QoS 1 messages fill the queue ---------------
+    def _install_reader(self, client: aiomqtt.Client) -> None:
+        paho = client._client  # private: paho-mqtt 2 / aiomqtt 2.x
+        aiomqtt_open = paho.on_socket_open
+        loop = asyncio.get_running_loop()
+
+        def on_socket_open(c: Any, userdata: Any, sock: Any) -> None:
+            aiomqtt_open(c, userdata, sock)  # registers aiomqtt's reader callback and its keepalive task
+            loop.call_soon_threadsafe(self._take_reader, client, sock)  # runs after aiomqtt's add_reader
+
+        paho.on_socket_open = on_socket_open
+
+    def _take_reader(self, client: aiomqtt.Client, sock: Any) -> None:
+        """Replace aiomqtt's reader callback (which reads as long as data keeps coming) with :meth:`_on_readable`."""
+        if client._client._sock is not sock:  # already closed
+            return
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(sock.fileno())
+        loop.add_reader(sock.fileno(), self._on_readable, client, sock)
+        self._reader, self._paused = (client, sock), False
+
+    def _on_readable(self, client: aiomqtt.Client, sock: Any) -> None:
+        """Read at most ``READ_BUDGET`` bytes from the kernel (plus what was read ahead), then let the loop run
+        processing, acknowledgements, publishing and keepalive; stop reading while QoS 1 messages fill the queue."""
+        q = self.queue
+        if q is not None and q.qos1 >= self.max_queue and not (self._waiting_room or self._stop_intake):
+            self._pause()
+            return
+        paho = client._client
+        try:
+            sock.budget = READ_BUDGET
+            while True:
+                paho.loop_read()
+                if sock.buffered() > 0 or (sock.budget > 0 and sock.pending() > 0):
+                    continue
+                break
+            if sock.pending() > 0 and paho._sock is sock:  # TLS bytes decrypted ahead, which the selector misses
+                asyncio.get_running_loop().call_soon(self._on_readable, client, sock)
+        except Exception as exc:  # as aiomqtt's callback: a read error ends the connection
+            if not client._disconnected.done():
+                client._disconnected.set_exception(exc)
+        finally:
+            sock.budget = None
+
+    def _pause(self) -> None:
+        if self._reader is not None and not self._paused:
+            client, sock = self._reader
+            if client._client._sock is sock:
+                asyncio.get_running_loop().remove_reader(sock.fileno())
+            self._paused = True
+
+    def _resume(self) -> None:
+        if self._paused and self._reader is not None:
+            self._paused = False
+            client, sock = self._reader
+            if client._client._sock is sock:
+                loop = asyncio.get_running_loop()
+                loop.add_reader(sock.fileno(), self._on_readable, client, sock)
+                loop.call_soon(self._on_readable, client, sock)  # bytes read ahead: the selector does not see them
+
     # -- the connection loop ----------------------------------------------------------------------------
-    def _client(self, queue: asyncio.Queue[aiomqtt.Message]) -> aiomqtt.Client:
+    def _client(self, queue: IncomingQueue) -> aiomqtt.Client:
         s = self.settings
         persistent = s.session == "persistent"
         client_id = s.client_id or (f"tops-{socket.gethostname()}" if persistent else None)
@@ -238,7 +361,8 @@ class MqttLink:
         # Releases are published through paho directly (never aiomqtt's publish(), which waits on this callback):
         # without it paho skips building a reason code and properties for every message written.
         paho.on_publish = None
-        if self.manual_ack:
+        self._install_reader(client)
+        if self._acks_qos1:
             client._client.manual_ack_set(True)  # private: paho-mqtt 2, before connecting
             aiomqtt_on_connect = client._client.on_connect
 
@@ -254,7 +378,9 @@ class MqttLink:
         attempt = 0
         ever_connected = False
         while True:
-            queue: asyncio.Queue[aiomqtt.Message] = asyncio.Queue()
+            queue = IncomingQueue(self.max_queue)
+            if self.queue is not None:
+                self.overload += self.queue.overload
             self.queue = queue
             client = self.client = self._client(queue)
             try:
@@ -263,6 +389,7 @@ class MqttLink:
                         self.metrics.mqtt_reconnects.inc()
                     ever_connected, attempt = True, 0
                     self.connected.set()
+                    self.pubq.set_connected(True)
                     self.metrics.mqtt_connected.set(1)
                     self._settle_backlog()
                     log.info("connected to %s:%s", self.settings.host, self.settings.port)
@@ -275,49 +402,69 @@ class MqttLink:
                 log.warning("broker connection failed or lost (%s); retrying in %.1f s", reason, delay)
             finally:
                 self.connected.clear()
+                self.pubq.set_connected(False)
+                self._reader, self._paused = None, False
                 self.metrics.mqtt_connected.set(0)
                 self._after_connection(queue)
-            if self._closing and not self.pubq.items and self.intake_done.is_set():
+            if self._closing and not len(self.pubq) and self.intake_done.is_set():
                 return
             await asyncio.sleep(delay)
 
     def _settle_backlog(self) -> None:
-        """Messages left unacknowledged by the last connection: redelivered if the broker kept the session."""
+        """QoS 1 messages left unacknowledged by the last connection: redelivered if the broker kept the session,
+        processed now if it lost it."""
         backlog, self._backlog = self._backlog, []
-        if backlog and not self.session_present:
-            log.warning("the broker lost the session: %d messages received before are processed now", len(backlog))
-            client, self.client = self.client, None  # their message ids belong to the old session: never acked
-            try:
-                for k in range(0, len(backlog), self.max_batch):
-                    self.on_messages(backlog[k:k + self.max_batch])
-            finally:
-                self.client = client
+        if not backlog:
+            return
+        if self.session_present:
+            log.info("%d unacknowledged messages of the last connection: the broker redelivers them", len(backlog))
+            return
+        log.warning("the broker lost the session: %d messages received before are processed now", len(backlog))
+        client, self.client = self.client, None  # their message ids belong to the old session: never acked
+        try:
+            for k in range(0, len(backlog), self.max_batch):
+                self.on_messages(backlog[k:k + self.max_batch])
+        finally:
+            self.client = client
 
-    def _after_connection(self, queue: asyncio.Queue[aiomqtt.Message]) -> None:
+    def _after_connection(self, queue: IncomingQueue) -> None:
         """Put unconfirmed messages back and process what was received before the connection ended."""
         pending = [item for info, item in self.inflight if not info.is_published()]
         self.published_releases += sum(item[3] for info, item in self.inflight if info.is_published())
         self.inflight.clear()
         self.pubq.requeue(pending)
-        if self.manual_ack and self.settings.session == "persistent":
-            # Not acknowledged, and no connection left to acknowledge them on: the broker redelivers them to the
-            # session, so processing them now would count them twice. Kept until the next CONNACK says whether the
-            # broker still has the session (if it lost it, they are processed then).
+        if self._acks_qos1 and self.settings.session == "persistent":
+            # QoS 1: not acknowledged, and no connection left to acknowledge them on: the broker redelivers them to
+            # the session, so processing them now would count them twice. Kept until the next CONNACK says whether
+            # the broker still has the session (if it lost it, they are processed then). QoS 0 messages are never
+            # redelivered: processed now.
+            now: list[aiomqtt.Message] = []
             while not queue.empty():
-                self._backlog.append(queue.get_nowait())
+                m = queue.get_nowait()
+                (self._backlog if m.qos else now).append(m)
+            for k in range(0, len(now), self.max_batch):
+                self.on_messages(now[k:k + self.max_batch])
         else:
-            self._drain(queue)
+            self._drain(queue, None)
         if self._stop_intake:
             self.intake_done.set()
 
-    def _drain(self, queue: asyncio.Queue[aiomqtt.Message]) -> None:
+    def _process(self, batch: list[aiomqtt.Message], client: aiomqtt.Client | None) -> None:
+        """Process a batch; without durable state its QoS 1 messages are acknowledged now (processed)."""
+        self.on_messages(batch)
+        if client is not None and not self.manual_ack and self._acks_qos1:
+            mids = [m.mid for m in batch if m.qos]
+            if mids:
+                self.ack([(client, mids)])
+
+    def _drain(self, queue: IncomingQueue, client: aiomqtt.Client | None) -> None:
         while not queue.empty():
             batch = []
             while not queue.empty() and len(batch) < self.max_batch:
                 batch.append(queue.get_nowait())
-            self.on_messages(batch)
+            self._process(batch, client)
 
-    async def _serve(self, client: aiomqtt.Client, queue: asyncio.Queue[aiomqtt.Message]) -> None:
+    async def _serve(self, client: aiomqtt.Client, queue: IncomingQueue) -> None:
         async with asyncio.TaskGroup() as tg:
             if self.topics and not self._stop_intake:
                 for t in self.topics:
@@ -325,16 +472,33 @@ class MqttLink:
                 self._receiver = tg.create_task(self._receive(client, queue), name="tops.mqtt.receive")
             else:
                 self.intake_done.set()
-            tg.create_task(self._publish(client), name="tops.mqtt.publish")
+            watch = tg.create_task(self._watch(client), name="tops.mqtt.watch")
+            tg.create_task(self._publish(client, watch), name="tops.mqtt.publish")
 
-    async def _receive(self, client: aiomqtt.Client, queue: asyncio.Queue[aiomqtt.Message]) -> None:
+    async def _watch(self, client: aiomqtt.Client) -> None:
+        """End the connection's tasks when it is lost, even with nothing to receive or publish (stdin input)."""
+        await asyncio.shield(client._disconnected)  # private (aiomqtt 2.x): raises MqttError when the link is lost
+
+    async def _receive(self, client: aiomqtt.Client, queue: IncomingQueue) -> None:
         messages = client.messages
+        pubq = self.pubq
         batch: list[aiomqtt.Message] = []
         try:
             while not self._stop_intake:
+                if not pubq.has_room():
+                    # Intake waits for the broker to take releases (nothing is dropped while connected). Reading
+                    # goes on (the broker's acknowledgements of releases come through the same socket): QoS 1
+                    # readings are not acknowledged meanwhile, so the broker holds them; QoS 0 past the queue's
+                    # bound are counted as overload.
+                    self._waiting_room = True
+                    self._resume()
+                    try:
+                        await pubq.wait_room()
+                    finally:
+                        self._waiting_room = False
                 batch = [await anext(messages)]
-                # The client reads one packet per event-loop pass: let a few more passes run while messages keep
-                # coming, so that a step processes a batch (no waiting when the input is idle).
+                # The client reads a bounded amount per event-loop pass: let a few more passes run while messages
+                # keep coming, so that a step processes a batch (no waiting when the input is idle).
                 for _ in range(64):
                     while not queue.empty() and len(batch) < self.max_batch:
                         batch.append(queue.get_nowait())
@@ -343,27 +507,37 @@ class MqttLink:
                     await asyncio.sleep(0)
                     if queue.empty():
                         break
-                self.on_messages(batch)
+                self._process(batch, client)
                 batch = []
+                if self._paused and queue.qos1 < self.max_queue:
+                    self._resume()
         except asyncio.CancelledError:
             if batch:  # taken from the queue: accepted, so processed whatever happens
-                self.on_messages(batch)
+                self._process(batch, client)
             if not self._stop_intake:
                 raise
         # Stopping: no new messages, then process what the broker had already delivered. With manual
         # acknowledgements and a persistent session the subscriptions stay (the broker queues readings while the
         # daemon is down); what arrives from now on is neither processed nor acknowledged, so it is redelivered.
-        if not (self.manual_ack and self.settings.session == "persistent"):
+        self._resume()  # the unsubscribe acknowledgement comes through the socket
+        if not (self._acks_qos1 and self.settings.session == "persistent"):
             with contextlib.suppress(aiomqtt.MqttError):
                 for t in self.topics:
                     await client.unsubscribe(t)
-        self._drain(queue)
+        self._drain(queue, client)
         self.intake_done.set()
 
-    async def _publish(self, client: aiomqtt.Client) -> None:
+    async def _publish(self, client: aiomqtt.Client, watch: asyncio.Task[None]) -> None:
+        try:
+            await self._publish_loop(client)
+        finally:
+            watch.cancel()
+
+    async def _publish_loop(self, client: aiomqtt.Client) -> None:
         paho = client._client  # private: publish without awaiting each confirmation (aiomqtt 2.x)
         pubq, items, inflight, qos = self.pubq, self.pubq.items, self.inflight, self.out_qos
         while True:
+            pubq.taken()  # read back what waits on disk, wake an intake waiting for room
             while items and len(inflight) < self.window:
                 item = items.popleft()
                 info = paho.publish(item[0], item[1], qos, item[2])
@@ -377,6 +551,7 @@ class MqttLink:
             if inflight:
                 await asyncio.sleep(0.001)  # writes and acknowledgements arrive through the event loop
                 continue
+            pubq.taken()
             if not items:
                 if self._closing and self.intake_done.is_set():
                     return

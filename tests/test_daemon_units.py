@@ -246,16 +246,57 @@ def test_router_readings_seq_and_cap() -> None:
         r.record("c")
 
 
-def test_publish_queue_bounded_drops_oldest() -> None:
-    async def go() -> PublishQueue:
+def test_publish_queue_never_drops_and_spills_to_disk_while_disconnected(tmp_path: Path) -> None:
+    """Nothing is dropped: past the limit the queue says "no room" (intake waits); while disconnected, with a spill,
+    the rest goes to disk in order and comes back in order; the disk budget ends the room, never a message."""
+    from stream.spill import Spill
+
+    async def go() -> None:
         q = PublishQueue(limit=3)
         for i in range(5):
             q.put("t", str(i).encode(), False, 1)
         q.requeue([("t", b"x", False, 1)])
-        return q
+        assert [p for _, p, _, _ in q.items] == [b"x", b"0", b"1", b"2", b"3", b"4"] and q.take_dropped() == 0
+        assert not q.has_room()
+        q.items.clear()
+        q.spill = Spill.open(tmp_path, max_bytes=70, fsync=False)
+        q.set_connected(False)
+        for i in range(8):
+            q.put("t", f"m{i}".encode(), False, 1)
+        assert len(q.items) == 3 and len(q.spill) == 5 and len(q) == 8
+        assert not q.has_room()  # the disk budget (70 bytes) is reached: intake waits
+        q.put("t", b"m8", False, 1)  # made anyway (a period tick): kept, in memory
+        q.set_connected(True)
+        out = []
+        while len(q):
+            while q.items:
+                out.append(q.items.popleft()[1])
+            q.taken()
+        assert out[:3] == [b"m0", b"m1", b"m2"] and sorted(out) == [f"m{i}".encode() for i in range(9)]
+        assert q.has_room()
 
-    q = asyncio.run(go())
-    assert [p for _, p, _, _ in q.items] == [b"x", b"2", b"3", b"4"] and q.take_dropped() == 2
+    asyncio.run(go())
+
+
+def test_spill_survives_a_restart_and_cuts_a_torn_tail(tmp_path: Path) -> None:
+    """The unread part of the spill (from the position recorded after the last checkpoint) is read again after a
+    restart; a torn last record is cut off; a spill read to its end is deleted at the next commit."""
+    from stream.spill import Spill
+
+    s = Spill.open(tmp_path, fsync=False)
+    s.append([("a", b"1", False, 1), ("b", b"2", True, 0), ("c", b"3", False, 2)])
+    s.sync()
+    assert [m[1] for m in s.read(1)] == [b"1"]
+    s.commit()
+    s.append([("d", b"4", False, 1)])
+    s.sync()
+    s.close()
+    with (tmp_path / "outbox-0.spill").open("ab") as f:
+        f.write(b"\x00\x00\x00\x05tor")  # a record cut short by a crash
+    s = Spill.open(tmp_path, fsync=False)
+    assert len(s) == 3 and s.read(10) == [("b", b"2", True, 0), ("c", b"3", False, 2), ("d", b"4", False, 1)]
+    s.commit()
+    assert not (tmp_path / "outbox-0.spill").exists() and len(Spill.open(tmp_path)) == 0
 
 
 def test_backoff_is_capped_with_jitter() -> None:

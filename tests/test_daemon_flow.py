@@ -1,0 +1,244 @@
+"""Floods and backpressure through a real Mosquitto (issue 10, items 2-4): bounded memory, ticks keep flowing, what
+cannot be taken at QoS 0 is counted, no release is dropped while connected, nothing received is discarded on resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import (
+    DaemonProcess,
+    Subscriber,
+    _broker,
+    daemon_config,
+    free_port,
+    publish,
+    publish_file,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def mosquitto_unbounded(tmp_path: Path):
+    """A broker that never drops QoS 0 messages for a connected client (`max_queued_messages 0`): what the daemon
+    does not count as processed or overload cannot have been lost in the broker."""
+    yield from _broker(tmp_path, "allow_anonymous true\nmax_queued_messages 0\n")
+
+
+def vm(pid: int, field: str) -> int:
+    """A VmRSS/VmHWM line of /proc/<pid>/status, in kB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def run_flood(port: int, seconds: float, topics: list[str], rate: float = 0.0) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "tests.flood", "--port", str(port), "--seconds", str(seconds),
+           "--topics", ",".join(topics), "--rate", str(rate)]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE)
+
+
+def test_qos0_flood_bounded_memory_ticks_flow_and_overload_counted(mosquitto_unbounded, tmp_path: Path) -> None:
+    """A 12 s QoS 0 flood at the publisher's maximum rate against a daemon with a small incoming queue: period
+    releases keep coming during the flood, the connection survives (keepalive 5 s), memory stays bounded, and every
+    message sent is either processed or counted as `overload`."""
+    broker = mosquitto_unbounded
+    mport = free_port()
+    cfg = daemon_config(tmp_path, broker.port, mport, mqtt={"keepalive": 5},
+                        input={"qos": 0, "max_queue": 2000},
+                        ticks={"mode": "period", "period": 1.0}, streams={"template": {"theta": 50.0}},
+                        output={"status_topic": ""})
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    sub = Subscriber(broker.port, "dp/+")
+    try:
+        daemon.wait_connected()
+        sub.wait_ready("dp/probe")
+        publish(broker.port, "meters/tick/reading", ["1"], qos=0)  # the stream whose periods we watch
+        wait_for(lambda: any(p.get("stream") == "tick" for p in sub.payloads()), 10, what="first period")
+        rss0 = vm(daemon.proc.pid, "VmRSS")
+        seconds = 12.0
+        flood = run_flood(broker.port, seconds, [f"meters/f{i}/reading" for i in range(4)])
+        t0 = time.time()
+        out, _ = flood.communicate(timeout=120)
+        t1 = time.time()
+        arrived = sub.payloads()  # releases that reached the consumer by the end of the flood
+        sent = json.loads(out)["sent"]
+
+        def settled() -> dict[str, float] | None:
+            m = daemon.metrics()
+            done = m["tops_messages_total{result=ok}"] + m.get("tops_messages_total{result=overload}", 0.0)
+            return m if done >= sent + 1 else None
+
+        m = wait_for(settled, 120, interval=0.5, what="every flood message processed or counted")
+        hwm = vm(daemon.proc.pid, "VmHWM")
+        during = [p for p in arrived if p.get("stream") == "tick" and t0 + 1 <= p["ts"] <= t1]
+        print(f"flood: sent {sent} in {t1 - t0:.1f} s, processed {m['tops_messages_total{result=ok}'] - 1:.0f}, "
+              f"overload {m.get('tops_messages_total{result=overload}', 0):.0f}, RSS {rss0 / 1024:.0f} -> peak "
+              f"{hwm / 1024:.0f} MB, tick releases during the flood {len(during)}")
+        assert m["tops_messages_total{result=ok}"] + m["tops_messages_total{result=overload}"] == sent + 1
+        assert m["tops_messages_total{result=overload}"] > 0  # the bound was reached: counted, not queued
+        assert m["tops_mqtt_reconnects_total"] == 0 and m["tops_mqtt_connected"] == 1  # no keepalive drop
+        assert hwm - rss0 < 120 * 1024, "memory grew with the flood"
+        # every period that ended during the flood released on time, give or take scheduling on a busy machine
+        assert len(during) >= (t1 - t0) / 2
+        assert daemon.stop() == 0
+    finally:
+        sub.close()
+        daemon.kill()
+    assert "Traceback" not in daemon.stderr()
+
+
+def test_qos0_messages_received_before_a_lost_connection_are_processed_on_resume() -> None:
+    """Item 4: messages still in the incoming queue when the connection ends. QoS 1 ones (not acknowledged) wait
+    for the CONNACK: the broker redelivers them if it kept the session. QoS 0 ones are never redelivered: they are
+    processed at once, never thrown away by the backlog settling (before: all discarded when the session stayed)."""
+    import aiomqtt
+
+    from stream.metrics import Metrics
+    from stream.sinks import PublishQueue
+    from stream.sources import IncomingQueue, MqttLink
+
+    settings = SimpleNamespace(session="persistent", host="127.0.0.1", port=1)
+    processed: list[aiomqtt.Message] = []
+
+    async def go() -> None:
+        link = MqttLink(settings, topics=["meters/+/reading"], in_qos=1, out_qos=1, pubq=PublishQueue(10),
+                        metrics=Metrics(), on_messages=processed.extend, max_batch=7, inflight=10,
+                        manual_ack=True, max_queue=100)
+        q = IncomingQueue(100)
+        for i in range(40):
+            q.put_nowait(aiomqtt.Message("meters/a/reading", str(i).encode(), i % 4 == 0, False, i + 1, None))
+        link._after_connection(q)
+        assert [int(m.payload) for m in processed] == [i for i in range(40) if i % 4]  # QoS 0: processed now
+        link.session_present = True
+        link._settle_backlog()  # the broker kept the session: it redelivers the 10 QoS 1 messages
+        assert len(processed) == 30
+        link._after_connection(IncomingQueue(100))
+        link._backlog = [aiomqtt.Message("meters/a/reading", b"7", 1, False, 5, None)]
+        link.session_present = False
+        link._settle_backlog()  # the broker lost the session: processed now
+        assert len(processed) == 31
+
+    asyncio.run(go())
+
+
+def test_incoming_queue_bound_counts_qos0_overload_and_keeps_qos1() -> None:
+    import aiomqtt
+
+    from stream.sources import IncomingQueue
+
+    async def go() -> None:
+        q = IncomingQueue(3)
+        for i in range(6):
+            q.put_nowait(aiomqtt.Message("t/a/r", b"1", i % 2, False, i + 1, None))
+        assert q.qsize() == 5 and q.overload == 1 and q.qos1 == 3  # QoS 1 is never dropped
+        q.get_nowait()  # a QoS 0 message
+        q.get_nowait()
+        assert q.qos1 == 2
+
+    asyncio.run(go())
+
+
+def test_one_release_per_tick_with_a_small_publish_queue_while_connected(mosquitto, tmp_path: Path) -> None:
+    """Item 3: one legal batch of 20,000 readings with `publish_queue = 100`: every tick is released exactly once
+    at the consumer (before: all but the last 100 of them were dropped by the publish queue, the broker up)."""
+    n = 20_000
+    mport = free_port()
+    cfg = daemon_config(tmp_path, mosquitto.port, mport, output={"publish_queue": 100, "status_topic": ""},
+                        streams={"template": {"theta": 50.0}})
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    sub = Subscriber(mosquitto.port, "dp/+")
+    try:
+        daemon.wait_connected()
+        sub.wait_ready("dp/probe")
+        batch = tmp_path / "batch.json"
+        batch.write_text("[" + ",".join(str(i % 90) for i in range(n)) + "]")
+        assert publish_file(mosquitto.port, "meters/big/reading", batch).returncode == 0
+        wait_for(lambda: daemon.metrics()["tops_releases_total{sink=mqtt}"] >= n, 120, interval=0.5,
+                 what="every release confirmed")
+        wait_for(lambda: len(sub.payloads()) >= n, 60, what="every release at the consumer")
+        ticks = sorted(p["tick"] for p in sub.payloads() if p.get("stream") == "big")
+        assert ticks == list(range(n))
+        assert daemon.metrics()["tops_releases_dropped_total"] == 0
+        assert daemon.stop() == 0
+    finally:
+        sub.close()
+        daemon.kill()
+
+
+@pytest.fixture
+def mosquitto_persistent(tmp_path: Path):
+    """A broker that keeps sessions across a restart (persistence on): the consumer's queue survives it."""
+    yield from _broker(tmp_path, f"allow_anonymous true\npersistence true\npersistence_location {tmp_path}/\n")
+
+
+class SessionSubscriber(Subscriber):
+    """``mosquitto_sub`` with a persistent session (`-c -i`): what is published while it is away is queued."""
+
+    def __init__(self, port: int, topic: str, client_id: str, lines: list | None = None) -> None:
+        import threading
+
+        self.port, self.user = port, None
+        self.lines = lines if lines is not None else []
+        cmd = ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-t", topic, "-q", "1", "-v", "-c",
+               "-i", client_id]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+
+def test_releases_made_while_the_broker_is_down_spill_to_disk_and_all_arrive(mosquitto_persistent,
+                                                                              tmp_path: Path) -> None:
+    """Item 3: readings keep coming on stdin while the broker is down; the releases that do not fit in
+    `publish_queue = 50` go to the outbox on disk (durable state) and every one arrives after the restart, once per
+    tick (before: all but the last 50 were dropped)."""
+    broker = mosquitto_persistent
+    mport = free_port()
+    cfg = daemon_config(tmp_path, broker.port, mport, input={"source": "stdin"},
+                        output={"publish_queue": 50, "status_topic": ""}, streams={"template": {"theta": 50.0}})
+    proc = subprocess.Popen([sys.executable, "-m", "stream.cli", "run", "--config", str(cfg)], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=(tmp_path / "daemon.log").open("wb"))
+    metrics = DaemonProcess.metrics.__get__(SimpleNamespace(metrics_port=mport))
+    sub = SessionSubscriber(broker.port, "dp/+", "consumer-spill")
+    assert proc.stdin is not None
+    try:
+        wait_for(lambda: metrics()["tops_mqtt_connected"] == 1.0, 20, what="daemon connected")
+        sub.wait_ready("dp/probe")
+        proc.stdin.write(b"".join(f"s,{i % 90}\n".encode() for i in range(200)))
+        proc.stdin.flush()
+        wait_for(lambda: len(sub.payloads()) >= 200, 30, what="first releases")
+        sub.close()
+        broker.stop()
+        wait_for(lambda: metrics()["tops_mqtt_connected"] == 0, 10, what="daemon disconnected")
+        proc.stdin.write(b"".join(f"s,{i % 90}\n".encode() for i in range(200, 3000)))
+        proc.stdin.flush()
+        wait_for(lambda: metrics()["tops_publish_queue_depth"] >= 2800, 30, what="releases kept")
+        spilled = sum(p.stat().st_size for p in (tmp_path / "state").glob("outbox-*.spill"))
+        assert spilled > 0  # past the 50 in memory: on disk
+        broker.start()
+        sub = SessionSubscriber(broker.port, "dp/+", "consumer-spill", lines=sub.lines)
+        wait_for(lambda: len({p["tick"] for p in sub.payloads() if p.get("stream") == "s"}) >= 3000, 60,
+                 what="every release after the restart")
+        ticks = {p["tick"] for p in sub.payloads() if p.get("stream") == "s"}
+        assert ticks == set(range(3000))
+        assert metrics()["tops_releases_dropped_total"] == 0
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        sub.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert "Traceback" not in (tmp_path / "daemon.log").read_text()
