@@ -14,6 +14,8 @@ line and what is wrong with it, never the value itself (a reading is private dat
 Traceback (most recent call last):
 ...
 stream.inputs.InputError: x.csv line 2: negative value
+>>> read_stream("dns")[:5].tolist()         # a shipped data set by name
+[2.0, 2.0, 2.0, 2.0, 2.0]
 """
 
 from __future__ import annotations
@@ -117,10 +119,18 @@ def _read_jsonl(path: Path) -> np.ndarray:
 
 
 def read_stream(path: str | Path) -> np.ndarray:
-    """The values of a stream file as float64, one per tick; raises :class:`InputError` on bad input."""
+    """The values of a stream file as float64, one per tick; raises :class:`InputError` on bad input.
+
+    A name of a shipped data set (``dns``, ``retail``, ``star``: :mod:`stream.datasets`) that is not an existing
+    file reads that data set.
+    """
     p = Path(path)
     if not p.is_file():
-        msg = f"{p}: no such file"
+        from stream.datasets import DATASETS, load
+
+        if str(path) in DATASETS:
+            return load(str(path)).astype(np.float64)
+        msg = f"{p}: no such file (nor a shipped data set: {', '.join(DATASETS)})"
         raise InputError(msg)
     suffix = p.suffix.lower()
     if suffix == ".npy":

@@ -19,14 +19,14 @@ from operators.local import (
 )
 from operators.noise import Domain, KeyedGenerator
 from operators.topl import LOCAL_ADDRESS_HYBRID, LOCAL_ADDRESS_SQUARE_WAVE, ToPL, ToPLConfig, choose_threshold
-from tests.shared_data import path
+from stream import datasets
 
 KEY = bytes(range(32))
 
 
 @pytest.fixture(scope="module")
 def dns() -> np.ndarray:
-    return np.load(path("dns_google_per_second.npy")).astype(np.float64)
+    return datasets.load("dns").astype(np.float64)
 
 
 def test_config_defaults_and_derived_values() -> None:
