@@ -13,9 +13,8 @@ from operators import ToPS, ToPSConfig
 from operators.baselines import LABELS, METHODS, Counter, Flat, Hierarchy, make
 from operators.baselines.pak import percentile_rank, smooth_percentile_threshold, smooth_sensitivity
 from operators.noise import KeyedGenerator
-from stream import cli
+from stream import cli, datasets
 from stream.compare import extend, repetition_key
-from stream import datasets
 
 KEY = bytes(range(32))
 
