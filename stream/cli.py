@@ -23,6 +23,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tops")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that prints one line (no usage block) and exits 2 on a bad argument."""
 
@@ -33,6 +42,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only the module of ``command`` is imported (so ``tops replay`` never loads the MQTT stack)."""
     parser = _Parser(prog="tops", description="Differentially private continual release of data streams.")
+    parser.add_argument("--version", action="version", version=f"tops {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

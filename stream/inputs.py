@@ -72,12 +72,20 @@ def _lines(path: Path) -> tuple[list[str], list[int]]:
     return [s for _, s in keep], [n for n, _ in keep]
 
 
-def _read_csv(path: Path) -> np.ndarray:
+def _read_csv(path: Path, stream: str | None) -> np.ndarray:
     lines, numbers = _lines(path)
     # a header line is allowed if it is not a number
     if lines and not _is_number(lines[0].split(",")[-1]):
         lines, numbers = lines[1:], numbers[1:]
-    fields = [s.split(",")[-1].strip() for s in lines]
+    rows = [[f.strip() for f in s.split(",")] for s in lines]
+    # `stream,value[,ts]` (the daemon's stdin CSV, `tops simulate --format csv`): a non-numeric first field names
+    # the stream; otherwise the value is the last field (one value a line, or `index,value`)
+    names = [r[0] if len(r) > 1 and not _is_number(r[0]) else None for r in rows]
+    fields = [r[1] if name is not None else r[-1] for r, name in zip(rows, names, strict=True)]
+    keep = _select(names, stream, path.name)
+    if keep is not None:
+        fields = [f for f, k in zip(fields, keep, strict=True) if k]
+        numbers = [n for n, k in zip(numbers, keep, strict=True) if k]
     try:
         values = np.array(fields, dtype=np.float64)
     except ValueError:
@@ -89,6 +97,24 @@ def _read_csv(path: Path) -> np.ndarray:
     return _check_values(values, path.name, lambda i: f"line {numbers[i]}")
 
 
+def _select(names: list[str | None], stream: str | None, file: str) -> list[bool] | None:
+    """Which lines belong to ``stream`` (``None``: all of them). A file of several named streams needs a choice; a
+    file without names is one stream, whatever ``stream`` says (it then only names the key)."""
+    present = sorted({n for n in names if n is not None})
+    if not present:
+        return None
+    if stream is None:
+        if len(present) == 1 and None not in names:
+            return None
+        shown = ", ".join(present[:5]) + (", ..." if len(present) > 5 else "")
+        msg = f"{file} holds {len(present)} streams ({shown}): choose one with --stream NAME"
+        raise InputError(msg)
+    if stream not in present:
+        msg = f"{file}: no stream {stream!r} in it ({len(present)} streams)"
+        raise InputError(msg)
+    return [n == stream for n in names]
+
+
 def _is_number(s: str) -> bool:
     try:
         float(s)
@@ -97,9 +123,10 @@ def _is_number(s: str) -> bool:
     return True
 
 
-def _read_jsonl(path: Path) -> np.ndarray:
+def _read_jsonl(path: Path, stream: str | None) -> np.ndarray:
     lines, numbers = _lines(path)
     values = np.empty(len(lines))
+    names: list[str | None] = []
     for k, (s, n) in enumerate(zip(lines, numbers, strict=True)):
         try:
             obj = json.loads(s)
@@ -107,6 +134,8 @@ def _read_jsonl(path: Path) -> np.ndarray:
             msg = f"{path.name} line {n}: not valid JSON"
             raise InputError(msg) from None
         v = obj.get("value") if isinstance(obj, dict) else obj
+        name = obj.get("stream") if isinstance(obj, dict) else None
+        names.append(None if name is None else str(name))
         if isinstance(v, bool) or not isinstance(v, int | float):
             msg = f'{path.name} line {n}: "value" must be a number'
             raise InputError(msg)
@@ -115,11 +144,15 @@ def _read_jsonl(path: Path) -> np.ndarray:
             msg = f"{path.name} line {n}: {what}"
             raise InputError(msg)
         values[k] = v
-    return values
+    keep = _select(names, stream, path.name)
+    return values if keep is None else values[np.asarray(keep, dtype=bool)]
 
 
-def read_stream(path: str | Path) -> np.ndarray:
+def read_stream(path: str | Path, stream: str | None = None) -> np.ndarray:
     """The values of a stream file as float64, one per tick; raises :class:`InputError` on bad input.
+
+    A CSV or JSONL file may hold several named streams (``stream,value`` lines, ``{"stream": ...}`` objects, as
+    ``tops simulate --streams N`` writes): then ``stream`` selects one, and without it the file is refused.
 
     A name of a shipped data set (``dns``, ``retail``, ``star``: :mod:`stream.datasets`) that is not an existing
     file reads that data set.
@@ -136,8 +169,8 @@ def read_stream(path: str | Path) -> np.ndarray:
     if suffix == ".npy":
         return _read_npy(p)
     if suffix in (".jsonl", ".ndjson", ".json"):
-        return _read_jsonl(p)
+        return _read_jsonl(p, stream)
     if suffix in (".csv", ".txt", ""):
-        return _read_csv(p)
+        return _read_csv(p, stream)
     msg = f"{p.name}: unknown input format {suffix!r} (use .npy, .csv or .jsonl)"
     raise InputError(msg)
