@@ -13,6 +13,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("stream.daemon", "run the daemon: readings in (MQTT or stdin), one private release per tick out"),
     "replay": ("stream.replay", "run a stream from a file through the same operators, at full speed"),
     "evaluate": ("stream.evaluate", "range-query MSE/MAE of releases against the truth (Eq. 9)"),
+    "query": (
+        "stream.query",
+        "range sums and totals per hour/day of releases (a file or live MQTT), with error bars",
+    ),
     "simulate": ("stream.simulate", "a synthetic smart-meter feed for demos and tests"),
     "state": ("stream.state_cmd", "read-only: streams, phase, ticks released, theta, eps from the state store"),
     "compare": ("stream.compare", "several methods over a grid of eps on real data: CSV and plots (Figures 3, 5, 7)"),
