@@ -28,8 +28,8 @@ from operators.local import (  # noqa: E402
 )
 from operators.noise import Domain, KeyedGenerator  # noqa: E402
 from operators.topl import ToPL, ToPLConfig  # noqa: E402
+from stream import datasets  # noqa: E402
 from stream.device import Device, stream_control, threshold_control  # noqa: E402
-from tests import shared_data  # noqa: E402
 
 M = 65536
 
@@ -46,7 +46,7 @@ def _best(fn, repeat: int) -> tuple[float, object]:
 def sw_em(repeat: int) -> list[dict]:
     """histogram + EM (no smoothing) + SW-W over 65,536 reports, 1024 reading and 1024 report buckets."""
     gen = KeyedGenerator(bytes(32))
-    dns = np.load(shared_data.path("dns_google_per_second.npy")).astype(np.float64)[:M]
+    dns = datasets.load("dns").astype(np.float64)[:M]
     skewed = np.random.default_rng(0).beta(1.5, 8.0, M)
     t = time.perf_counter()
     estimate_density(square_wave_perturb(skewed[:1000], 1.0, gen.uniforms(Domain.LOCAL, 9, 0, 1000)), 1.0)
@@ -88,7 +88,7 @@ def device_throughput(repeat: int) -> dict:
 
 
 def topl_dns(repeat: int) -> list[dict]:
-    dns = np.load(shared_data.path("dns_google_per_second.npy")).astype(np.float64)
+    dns = datasets.load("dns").astype(np.float64)
     rows = []
     for eps in (0.5, 1.0, 2.0):
         cfg = ToPLConfig(epsilon=eps, bound=500.0)

@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 from operators import ToPS, ToPSConfig  # noqa: E402
 from operators.evaluation import range_query_errors, summarize  # noqa: E402
 from operators.noise import Domain, KeyedGenerator  # noqa: E402
+from stream import datasets  # noqa: E402
 from stream.inputs import read_stream  # noqa: E402
-from tests import shared_data  # noqa: E402
 
 M, R = 65536, 1 << 20
 KEY_HEX = "ab" * 32
@@ -105,7 +105,7 @@ def state_per_stream() -> dict:
 
 
 def utility() -> dict:
-    x = shared_data.extended("dns_google_per_second.npy", M + R)
+    x = datasets.extended("dns", M + R)
     truth = x[M:]
     out = {}
     for eps in (0.05, 1.0):
@@ -131,7 +131,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "dns.npy"
-        np.save(path, shared_data.extended("dns_google_per_second.npy", M + R))
+        np.save(path, datasets.extended("dns", M + R))
         subprocess.run(
             [
                 sys.executable,

@@ -19,7 +19,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SMOOTHERS", "ConfigError", "ToPSConfig", "check_int_at_least", "check_positive", "tree_height"]
+__all__ = [
+    "SMOOTHERS",
+    "ConfigError",
+    "ToPSConfig",
+    "check_holdout",
+    "check_int_at_least",
+    "check_positive",
+    "tree_height",
+]
 
 SMOOTHERS = ("recent", "ema", "mean", "median", "moving")
 
@@ -51,6 +59,25 @@ def check_positive(name: str, value: Any) -> None:
 def check_int_at_least(name: str, value: Any, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         msg = f"{name} must be an integer >= {low} (got {value!r})"
+        raise ConfigError(msg)
+
+
+def check_holdout(value: Any, theta: Any) -> None:
+    """m: an integer >= 1, or >= 0 with a fixed public theta; one message whatever the bad value.
+
+    >>> check_holdout(-3, None)
+    Traceback (most recent call last):
+    ...
+    operators.config.ConfigError: holdout must be an integer >= 1 unless theta is given (got -3)
+    >>> check_holdout(0, None)
+    Traceback (most recent call last):
+    ...
+    operators.config.ConfigError: holdout must be an integer >= 1 unless theta is given (got 0)
+    """
+    if theta is not None:
+        check_int_at_least("holdout", value, 0)
+    elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        msg = f"holdout must be an integer >= 1 unless theta is given (got {value!r})"
         raise ConfigError(msg)
 
 
@@ -123,7 +150,7 @@ class ToPSConfig:
         if self.span < self.resolution:
             msg = f"bound - lower must be at least one resolution step ({self.resolution})"
             raise ConfigError(msg)
-        check_int_at_least("holdout", self.holdout, 0)
+        check_holdout(self.holdout, self.theta)
         if self.holdout > 2**31 - 1:
             msg = f"holdout must be below 2^31 (got {self.holdout})"
             raise ConfigError(msg)
@@ -166,9 +193,6 @@ class ToPSConfig:
             if self.theta > self.bound:
                 msg = f"theta must be at most bound ({self.bound}); got {self.theta}"
                 raise ConfigError(msg)
-        if self.theta is None and self.holdout < 1:
-            msg = "holdout must be at least 1 unless a fixed public theta is given"
-            raise ConfigError(msg)
 
     @property
     def span(self) -> float:

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from operators.config import ConfigError, check_int_at_least, check_positive
+from operators.config import ConfigError, check_holdout, check_int_at_least, check_positive
 from operators.local.hybrid import hybrid_report
 from operators.local.square_wave import (
     DensityEstimate,
@@ -107,7 +107,7 @@ class ToPLConfig:
             if self.threshold_epsilon >= 700:
                 msg = f"threshold_epsilon must be below 700 (got {self.threshold_epsilon!r})"
                 raise ConfigError(msg)
-        check_int_at_least("holdout", self.holdout, 0)
+        check_holdout(self.holdout, self.theta)
         check_int_at_least("query_range", self.query_range, 1)
         check_int_at_least("buckets", self.buckets, 2)
         if self.buckets > 1 << 16:
@@ -123,9 +123,6 @@ class ToPLConfig:
             if self.theta > self.bound:
                 msg = f"theta must be at most bound ({self.bound}); got {self.theta}"
                 raise ConfigError(msg)
-        elif self.holdout < 1:
-            msg = "holdout must be an integer >= 1 unless theta is given (got 0)"
-            raise ConfigError(msg)
         if not isinstance(self.prune, bool):
             msg = "prune must be true or false"
             raise ConfigError(msg)

@@ -13,6 +13,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("stream.daemon", "run the daemon: readings in (MQTT or stdin), one private release per tick out"),
     "replay": ("stream.replay", "run a stream from a file through the same operators, at full speed"),
     "evaluate": ("stream.evaluate", "range-query MSE/MAE of releases against the truth (Eq. 9)"),
+    "query": (
+        "stream.query",
+        "range sums and totals per hour/day of releases (a file or live MQTT), with error bars",
+    ),
     "simulate": ("stream.simulate", "a synthetic smart-meter feed for demos and tests"),
     "state": ("stream.state_cmd", "read-only: streams, phase, ticks released, theta, eps from the state store"),
     "compare": ("stream.compare", "several methods over a grid of eps on real data: CSV and plots (Figures 3, 5, 7)"),
@@ -21,6 +25,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "the device side of local-DP mode: perturb readings locally and publish reports",
     ),
 }
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tops")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,6 +46,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only the module of ``command`` is imported (so ``tops replay`` never loads the MQTT stack)."""
     parser = _Parser(prog="tops", description="Differentially private continual release of data streams.")
+    parser.add_argument("--version", action="version", version=f"tops {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

@@ -75,7 +75,7 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", help="the stream: .npy (1-D), .csv or .jsonl")
+    p.add_argument("data", help="the stream: .npy (1-D), .csv, .jsonl, or a shipped data set: dns, retail, star")
     p.add_argument("--figure", choices=sorted(FIGURES), help="a preset reproducing Figure 3, 5 or 7")
     p.add_argument("--methods", help=f"comma-separated, of: {', '.join(METHODS)}")
     p.add_argument("--eps", type=_floats, help="stream-phase eps grid (default 0.01,0.02,0.03,0.05,0.07,0.1)")
@@ -86,7 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queries", type=int, default=200, help="random range queries per run (default 200)")
     p.add_argument("--range", dest="query_range", type=int, default=1 << 20, help="r (default 2^20)")
     p.add_argument("--holdout", type=int, default=65536, help="m (default 65536)")
-    p.add_argument("--bound", type=float, required=True, help="public upper bound B")
+    p.add_argument(
+        "--bound", type=float, help="public upper bound B (default for a shipped data set: the reference code's B)"
+    )
     p.add_argument("--theta-percentile", type=float, help="fixed theta = this percentile of the first m ticks")
     p.add_argument("--ticks", type=int, help="extend the data to this many ticks (appending it reversed)")
     p.add_argument("--seed", type=int, default=0, help="seed of the keys and query positions (default 0)")
@@ -259,6 +261,13 @@ def _grid(eps: tuple[float, ...], thr: tuple[float, ...] | None) -> tuple[list[t
 def main(args: argparse.Namespace) -> int:
     preset = FIGURES.get(args.figure or "", {})
     try:
+        if args.bound is None:
+            from stream.datasets import DATASETS
+
+            if args.data not in DATASETS or Path(args.data).exists():
+                msg = "--bound is required (it has a default only for a shipped data set: dns, retail, star)"
+                raise InputError(msg)
+            args.bound = DATASETS[args.data].bound
         methods = (
             [m.strip() for m in args.methods.split(",")]
             if args.methods

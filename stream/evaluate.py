@@ -1,6 +1,8 @@
 """``tops evaluate TRUTH RELEASES``: the paper's range-query MSE (Eq. 9) and MAE, as a table; optional plot.
 
-RELEASES is the output of ``tops replay`` (NaN for holdout ticks); queries run over the released ticks only.
+RELEASES is the output of ``tops replay`` (.npy, NaN for holdout ticks) or the daemon's JSONL (``tops run`` on stdout,
+or saved MQTT payloads; one release per ``(stream, tick)``, ``--stream`` picks one of several); queries run over the
+released ticks only.
 ``--plot FILE.png`` draws the true and the released moving average like Figure 2 (needs matplotlib:
 ``pip install 'tops[plot]'``).
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -21,7 +24,10 @@ __all__ = ["add_arguments", "evaluate", "main"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("truth", help="the true stream (.npy, .csv, .jsonl)")
-    p.add_argument("releases", help="the releases (.npy from tops replay; NaN = holdout)")
+    p.add_argument(
+        "releases", help="the releases: .npy from tops replay (NaN = holdout) or the daemon's JSONL output"
+    )
+    p.add_argument("--stream", help="the stream to evaluate when TRUTH or RELEASES hold several")
     p.add_argument(
         "--range", dest="query_range", type=int, default=1 << 20, help="longest query (default 2^20)"
     )
@@ -73,14 +79,26 @@ def _plot(path: str, truth: np.ndarray, releases: np.ndarray, intervals: int) ->
     plt.close(fig)
 
 
+def _read_releases(path: str, length: int, stream: str | None) -> np.ndarray:
+    """A .npy of releases, or the daemon's JSONL placed at its ticks (NaN where no release)."""
+    if Path(path).suffix.lower() in (".jsonl", ".ndjson", ".json"):
+        from stream.query import QueryError, Releases
+
+        try:
+            return Releases.from_file(path).as_array(length, stream)
+        except QueryError as exc:
+            raise InputError(f"{Path(path).name}: {exc}") from None
+    try:
+        return np.load(path, allow_pickle=False).astype(np.float64)
+    except (OSError, ValueError):
+        msg = f"{path}: not a readable .npy file of releases (or JSONL of the daemon)"
+        raise InputError(msg) from None
+
+
 def main(args: argparse.Namespace) -> int:
     try:
-        truth = read_stream(args.truth)
-        try:
-            releases = np.load(args.releases, allow_pickle=False).astype(np.float64)
-        except (OSError, ValueError):
-            msg = f"{args.releases}: not a readable .npy file of releases"
-            raise InputError(msg) from None
+        truth = read_stream(args.truth, args.stream)
+        releases = _read_releases(args.releases, truth.size, args.stream)
         if releases.shape != truth.shape:
             msg = f"truth has {truth.size} ticks but releases has {releases.size}"
             raise InputError(msg)
@@ -110,7 +128,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     n = int(np.count_nonzero(~np.isnan(releases)))
     print(
-        f"{args.queries} random range queries x {args.repetitions} repetitions, length 1..{args.query_range}, "
+        f"{args.queries} random range queries x {args.repetitions} repetitions, "
+        f"length 1..{min(args.query_range, n)}, "
         f"over {n} released ticks"
     )
     print(f"{'method':<14}{'MSE (Eq. 9)':>16}{'MAE':>14}")

@@ -14,6 +14,8 @@ line and what is wrong with it, never the value itself (a reading is private dat
 Traceback (most recent call last):
 ...
 stream.inputs.InputError: x.csv line 2: not a finite number (NaN or infinite)
+>>> read_stream("dns")[:5].tolist()         # a shipped data set by name
+[2.0, 2.0, 2.0, 2.0, 2.0]
 """
 
 from __future__ import annotations
@@ -67,12 +69,20 @@ def _lines(path: Path) -> tuple[list[str], list[int]]:
     return [s for _, s in keep], [n for n, _ in keep]
 
 
-def _read_csv(path: Path) -> np.ndarray:
+def _read_csv(path: Path, stream: str | None) -> np.ndarray:
     lines, numbers = _lines(path)
     # a header line is allowed if it is not a number
     if lines and not _is_number(lines[0].split(",")[-1]):
         lines, numbers = lines[1:], numbers[1:]
-    fields = [s.split(",")[-1].strip() for s in lines]
+    rows = [[f.strip() for f in s.split(",")] for s in lines]
+    # `stream,value[,ts]` (the daemon's stdin CSV, `tops simulate --format csv`): a non-numeric first field names
+    # the stream; otherwise the value is the last field (one value a line, or `index,value`)
+    names = [r[0] if len(r) > 1 and not _is_number(r[0]) else None for r in rows]
+    fields = [r[1] if name is not None else r[-1] for r, name in zip(rows, names, strict=True)]
+    keep = _select(names, stream, path.name)
+    if keep is not None:
+        fields = [f for f, k in zip(fields, keep, strict=True) if k]
+        numbers = [n for n, k in zip(numbers, keep, strict=True) if k]
     try:
         values = np.array(fields, dtype=np.float64)
     except ValueError:
@@ -84,6 +94,24 @@ def _read_csv(path: Path) -> np.ndarray:
     return _check_values(values, path.name, lambda i: f"line {numbers[i]}")
 
 
+def _select(names: list[str | None], stream: str | None, file: str) -> list[bool] | None:
+    """Which lines belong to ``stream`` (``None``: all of them). A file of several named streams needs a choice; a
+    file without names is one stream, whatever ``stream`` says (it then only names the key)."""
+    present = sorted({n for n in names if n is not None})
+    if not present:
+        return None
+    if stream is None:
+        if len(present) == 1 and None not in names:
+            return None
+        shown = ", ".join(present[:5]) + (", ..." if len(present) > 5 else "")
+        msg = f"{file} holds {len(present)} streams ({shown}): choose one with --stream NAME"
+        raise InputError(msg)
+    if stream not in present:
+        msg = f"{file}: no stream {stream!r} in it ({len(present)} streams)"
+        raise InputError(msg)
+    return [n == stream for n in names]
+
+
 def _is_number(s: str) -> bool:
     try:
         float(s)
@@ -92,9 +120,10 @@ def _is_number(s: str) -> bool:
     return True
 
 
-def _read_jsonl(path: Path) -> np.ndarray:
+def _read_jsonl(path: Path, stream: str | None) -> np.ndarray:
     lines, numbers = _lines(path)
     values = np.empty(len(lines))
+    names: list[str | None] = []
     for k, (s, n) in enumerate(zip(lines, numbers, strict=True)):
         try:
             obj = json.loads(s)
@@ -102,6 +131,8 @@ def _read_jsonl(path: Path) -> np.ndarray:
             msg = f"{path.name} line {n}: not valid JSON"
             raise InputError(msg) from None
         v = obj.get("value") if isinstance(obj, dict) else obj
+        name = obj.get("stream") if isinstance(obj, dict) else None
+        names.append(None if name is None else str(name))
         if isinstance(v, bool) or not isinstance(v, int | float):
             msg = f'{path.name} line {n}: "value" must be a number'
             raise InputError(msg)
@@ -109,21 +140,33 @@ def _read_jsonl(path: Path) -> np.ndarray:
             msg = f"{path.name} line {n}: not a finite number (NaN or infinite)"
             raise InputError(msg)
         values[k] = v
-    return values
+    keep = _select(names, stream, path.name)
+    return values if keep is None else values[np.asarray(keep, dtype=bool)]
 
 
-def read_stream(path: str | Path) -> np.ndarray:
-    """The values of a stream file as float64, one per tick; raises :class:`InputError` on bad input."""
+def read_stream(path: str | Path, stream: str | None = None) -> np.ndarray:
+    """The values of a stream file as float64, one per tick; raises :class:`InputError` on bad input.
+
+    A CSV or JSONL file may hold several named streams (``stream,value`` lines, ``{"stream": ...}`` objects, as
+    ``tops simulate --streams N`` writes): then ``stream`` selects one, and without it the file is refused.
+
+    A name of a shipped data set (``dns``, ``retail``, ``star``: :mod:`stream.datasets`) that is not an existing
+    file reads that data set.
+    """
     p = Path(path)
     if not p.is_file():
-        msg = f"{p}: no such file"
+        from stream.datasets import DATASETS, load
+
+        if str(path) in DATASETS:
+            return load(str(path)).astype(np.float64)
+        msg = f"{p}: no such file (nor a shipped data set: {', '.join(DATASETS)})"
         raise InputError(msg)
     suffix = p.suffix.lower()
     if suffix == ".npy":
         return _read_npy(p)
     if suffix in (".jsonl", ".ndjson", ".json"):
-        return _read_jsonl(p)
+        return _read_jsonl(p, stream)
     if suffix in (".csv", ".txt", ""):
-        return _read_csv(p)
+        return _read_csv(p, stream)
     msg = f"{p.name}: unknown input format {suffix!r} (use .npy, .csv or .jsonl)"
     raise InputError(msg)

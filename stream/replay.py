@@ -56,7 +56,11 @@ def add_privacy_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help='the stream: .npy (1-D), .csv (one value a line) or .jsonl ({"value": x})')
+    p.add_argument(
+        "input",
+        help='the stream: .npy (1-D), .csv (one value a line, or stream,value), .jsonl ({"value": x}, '
+        'optionally "stream") or a shipped data set (dns, retail, star)',
+    )
     add_privacy_arguments(p)
     p.add_argument(
         "--mode", choices=("central", "local"), default="central", help="ToPS (central) or ToPL (local)"
@@ -70,11 +74,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--key", help="the stream key, 64 hex digits (default: a fresh random key)")
     p.add_argument("--key-file", help="the daemon's master key file (with --stream)")
-    p.add_argument("--stream", help="the stream name whose key to derive from --key-file")
+    p.add_argument(
+        "--stream",
+        help="the stream to read from an INPUT of several streams (required then), and whose key to derive "
+        "from --key-file",
+    )
     p.add_argument("--identity", help="with --key-file: the run or store identity the daemon printed at start and "
                    "puts in every status message (stream keys derive from it)")
     p.add_argument("--generation", type=int, default=1, help="the stream's key generation (default 1)")
-    p.add_argument("--out", required=True, help="output .npy: NaN for holdout ticks, the release otherwise")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output file, written as .npy at exactly this path: NaN for holdout ticks, the release otherwise",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> ToPSConfig:
@@ -134,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         key, key_note = key_from_args(args)
         t0 = time.perf_counter()
-        values = read_stream(args.input)
+        values = read_stream(args.input, args.stream)
         if getattr(args, "lower", 0.0) and (args.mode == "local" or args.method != "tops"):
             msg = "--lower is supported by central ToPS only (the baselines and local mode take values in [0, bound])"
             raise ConfigError(msg)
@@ -167,10 +179,8 @@ def main(args: argparse.Namespace) -> int:
             cfg = config_from_args(args)
             releases, op = replay(values, cfg, key)
             theta, s = op.theta, op.smoother_layers
-        out = Path(args.out)
-        if out.suffix != ".npy":
-            out = out.with_suffix(out.suffix + ".npy") if out.suffix else out.with_suffix(".npy")
-        np.save(out, releases)
+        with Path(args.out).open("wb") as f:  # exactly the path given (np.save(path) would append .npy)
+            np.save(f, releases)
         elapsed = time.perf_counter() - t0
     except (ConfigError, InputError, KeyFileError) as exc:
         print(f"tops replay: error: {exc}", file=sys.stderr)

@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import IO, Any
 
+from operators.tops import ToPS
 from stream.router import ReleaseBatch, StreamRecord
 
 __all__ = ["PublishQueue", "StdoutSink", "encode_releases", "encode_status"]
@@ -37,8 +38,29 @@ def encode_releases(batch: ReleaseBatch, epsilon: float) -> list[str]:
 
 
 def encode_status(rec: StreamRecord) -> bytes:
-    """The retained status payload of a stream."""
-    return json.dumps(rec.status(), separators=(",", ":")).encode()
+    """The retained status payload of a stream.
+
+    A releasing ToPS stream also carries ``params``: the public parameters that, with the ``epsilon`` and ``theta``
+    of every release, fix the noise of its releases (``tops query`` computes error bars from them; no secret, no
+    data: theta is itself a DP output and already in every release).
+    """
+    status = rec.status()
+    op = rec.operator
+    if status.get("phase") == "releasing" and isinstance(op, ToPS) and op.smoother_layers is not None:
+        cfg = op.config
+        status["params"] = {
+            "method": "tops",
+            "epsilon": cfg.epsilon,
+            "holdout": cfg.holdout_ticks,
+            "query_range": cfg.query_range,
+            "fanout": cfg.fanout,
+            "smoother_layers": op.smoother_layers,
+            "smoother": cfg.smoother,
+            "alpha": cfg.alpha,
+            "window": cfg.window,
+            "resolution": cfg.resolution,
+        }
+    return json.dumps(status, separators=(",", ":")).encode()
 
 
 class PublishQueue:

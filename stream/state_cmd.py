@@ -65,18 +65,21 @@ def summarize(stream: dict) -> dict:
     holdout = 0 if params.get("theta") is not None else int(params.get("holdout", 0))
     mode = params.get("mode", "central")
     if mode == "local":
-        phase = op.get("phase", "threshold")
+        # the holdout of a local stream is reports, not ticks: every tick counted after theta is a release
+        phase = op.get("phase", "holdout")
         theta = op.get("theta")
+        released = ticks if theta is not None else 0
     else:
         phase = "holdout" if theta_units is None else "releasing"
         theta = None if theta_units is None else theta_units * resolution
+        released = max(0, ticks - holdout) if phase != "holdout" else 0
     return {
         "stream": stream["name"],
         "generation": stream["generation"],
         "mode": mode,
         "phase": phase,
         "ticks": ticks,
-        "released": max(0, ticks - holdout) if phase != "holdout" else 0,
+        "released": released,
         "theta": theta,
         "epsilon": params.get("epsilon"),
         "updated": stream["updated"],

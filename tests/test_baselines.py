@@ -13,9 +13,8 @@ from operators import ToPS, ToPSConfig
 from operators.baselines import LABELS, METHODS, Counter, Flat, Hierarchy, make
 from operators.baselines.pak import percentile_rank, smooth_percentile_threshold, smooth_sensitivity
 from operators.noise import KeyedGenerator
-from stream import cli
+from stream import cli, datasets
 from stream.compare import extend, repetition_key
-from tests import shared_data
 
 KEY = bytes(range(32))
 
@@ -263,7 +262,7 @@ def _significantly_below(a: np.ndarray, b: np.ndarray) -> float:
 def test_stream_phase_ordering_on_dns_h16c_below_h16_below_h2() -> None:
     """Figure 5's ordering at a fixed theta (p95 of a prefix), 2^15 DNS ticks, r = 4096, eps = 0.1, 20 keys: H16c <
     H16 < H2 with 3-standard-error margins; the ratios are near the paper's (5x fan-out, 2x consistency)."""
-    x = np.load(shared_data.path("dns_google_per_second.npy")).astype(float)
+    x = datasets.load("dns").astype(float)
     theta = float(np.percentile(x[:4096], 95))
     values = x[4096 : 4096 + 2**15]
     cfg = ToPSConfig(epsilon=0.1, bound=500, theta=theta, query_range=4096)
@@ -277,7 +276,7 @@ def test_stream_phase_ordering_on_dns_h16c_below_h16_below_h2() -> None:
 @pytest.mark.slow
 def test_end_to_end_tops_far_below_pak_on_dns() -> None:
     """Figure 3's headline on 4,096 + 2^15 DNS ticks (B = 500, eps = 0.1, 10 keys): ToPS below PAK by > 100x."""
-    x = np.load(shared_data.path("dns_google_per_second.npy")).astype(float)[: 4096 + 2**15]
+    x = datasets.load("dns").astype(float)[: 4096 + 2**15]
     cfg = ToPSConfig(epsilon=0.1, bound=500, holdout=4096, query_range=4096)
     mse = _paired_mse(x, x, cfg, ["tops", "pak"], reps=10, hold=4096)
     assert _significantly_below(mse["tops"], mse["pak"]) > 100
@@ -285,13 +284,13 @@ def test_end_to_end_tops_far_below_pak_on_dns() -> None:
 
 # -- tops compare --------------------------------------------------------------------------------------------------
 def test_extend_is_the_reference_extension() -> None:
-    x = np.load(shared_data.path("retail_sizes.npy")).astype(float)
-    assert np.array_equal(extend(x, 200_000), shared_data.extended("retail_sizes.npy", 200_000))
+    x = datasets.load("retail").astype(float)
+    assert np.array_equal(extend(x, 200_000), datasets.extended("retail", 200_000))
 
 
 def test_compare_command_writes_csv_and_small_png(tmp_path, capsys) -> None:
     data = tmp_path / "dns_part.npy"
-    np.save(data, np.load(shared_data.path("dns_google_per_second.npy"))[:12_288])
+    np.save(data, datasets.load("dns")[:12_288])
     argv = [
         "compare",
         str(data),

@@ -19,14 +19,14 @@ from operators.local import (
 )
 from operators.noise import Domain, KeyedGenerator
 from operators.topl import LOCAL_ADDRESS_HYBRID, LOCAL_ADDRESS_SQUARE_WAVE, ToPL, ToPLConfig, choose_threshold
-from tests.shared_data import path
+from stream import datasets
 
 KEY = bytes(range(32))
 
 
 @pytest.fixture(scope="module")
 def dns() -> np.ndarray:
-    return np.load(path("dns_google_per_second.npy")).astype(np.float64)
+    return datasets.load("dns").astype(np.float64)
 
 
 def test_config_defaults_and_derived_values() -> None:
@@ -49,7 +49,7 @@ def test_config_defaults_and_derived_values() -> None:
         ({"bound": -1}, "bound must be a positive number"),
         ({"threshold_epsilon": 0.0}, "threshold_epsilon must be a positive number"),
         ({"holdout": 0}, "holdout must be an integer >= 1 unless theta is given"),
-        ({"holdout": 1.5}, "holdout must be an integer >= 0"),
+        ({"holdout": 1.5}, "holdout must be an integer >= 1 unless theta is given (got 1.5)"),
         ({"buckets": 1}, "buckets must be an integer >= 2"),
         ({"query_range": 0}, "query_range must be an integer >= 1"),
         ({"theta": 600.0}, "theta must be at most bound"),

@@ -12,7 +12,7 @@ from operators import SMOOTHERS, ToPS, ToPSConfig
 from operators.evaluation import range_query_errors, summarize
 from operators.hierarchy import ConsistentNoise
 from operators.noise import Domain, KeyedGenerator, discrete_laplace_variance
-from tests import shared_data
+from stream import datasets
 from tests.reference import hay_offline, whole_tree_noise
 
 KEY = bytes(range(32))
@@ -134,7 +134,7 @@ def test_utility_on_dns_at_eps_005() -> None:
     """Range-query MSE (Eq. 9) at eps = 0.05 on the DNS stream: at least 100x below the always-zero baseline and
     below a flat (discrete) Laplace release of the same truncated values at the same theta."""
     m, r = 65536, 2**20
-    x = shared_data.extended("dns_google_per_second.npy", m + r)
+    x = datasets.extended("dns", m + r)
     cfg = ToPSConfig(epsilon=0.05, bound=500)
     op = ToPS(cfg, KEY)
     rel = op.process(x)[m:]
