@@ -21,20 +21,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
+from collections import deque
 from itertools import compress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives import hashes
+from prometheus_client import Counter
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from operators import ToPSConfig
 from stream.config import build_operator
 from stream.journal import Journal
 from stream.keys import derive_stream_key, load_master_key
+from stream.redelivery import Redeliveries
 from stream.router import ReleaseBatch, StreamRecord
 from stream.store import Store, StoreError
 from stream.ticking import PeriodBins
@@ -142,6 +146,10 @@ class Durability:
         # periods on the wall clock: the arrival time decides the period, whatever the reading's ts
         self._arrival_time = daemon.router.clock is not None and not daemon.router.event_time
         self._record = daemon.router.record
+        self.redeliveries: Redeliveries | None = None  # MQTT QoS 1 input: repeats the broker may send
+        self.redelivered = Counter("tops_redeliveries_dropped", "QoS 1 messages the broker sent again after they "
+                                   "were processed (acknowledged, not counted twice).",
+                                   registry=daemon.metrics.registry)
 
     # -- startup ------------------------------------------------------------------------------------------------
     @classmethod
@@ -195,15 +203,103 @@ class Durability:
         if link is not None and link.topics:
             link.manual_ack = True
             orig = link.on_messages
+            red = self.redeliveries = Redeliveries(self._digest_key(), grace=2.0 * link.settings.keepalive,
+                                                   mark=self.journal.append_mark)
+            state = {"dups": set(), "client": None, "pubs": deque(), "sent": 0, "confirmed": 0}
+            self._link_state = state
+            make_client = link._client
+
+            def client_with_hooks(queue: Any) -> Any:
+                """The link's client, with what telling a repeat needs: each message's DUP flag, the CONNACK's
+                session flag, and which of our QoS >= 1 publishes the broker confirmed (all paho-mqtt 2)."""
+                client = make_client(queue)
+                paho = client._client
+                dups: set[int] = set()
+                pubs: deque[tuple[int, Any]] = deque()
+                deliver, connack, publish = paho.on_message, paho.on_connect, paho.publish
+
+                def on_message(c: Any, userdata: Any, msg: Any) -> None:
+                    if msg.qos:
+                        (dups.add if msg.dup else dups.discard)(msg.mid)
+                    deliver(c, userdata, msg)
+
+                def on_connect(*args: Any) -> None:
+                    connack(*args)
+                    state.update(dups=dups, client=client, pubs=pubs, sent=0, confirmed=0)
+                    if self.daemon.cfg.mqtt.session == "persistent":
+                        red.connected(session_present=link.session_present)
+                    else:
+                        red.connected(session_present=False)
+
+                def publish_counted(*args: Any, **kwargs: Any) -> Any:
+                    info = publish(*args, **kwargs)
+                    qos = args[2] if len(args) > 2 else kwargs.get("qos", 0)
+                    if state["client"] is client:
+                        state["sent"] += 1
+                        if qos:
+                            pubs.append((state["sent"], info))
+                    return info
+
+                paho.on_message, paho.on_connect, paho.publish = on_message, on_connect, publish_counted
+                return client
+
+            link._client = client_with_hooks  # type: ignore[method-assign]
 
             def on_messages(batch: list[Any]) -> None:
                 client = link.client
-                mids = [m.mid for m in batch if m.qos]
+                if client is None or client is not state["client"]:  # a lost session's backlog: never repeated
+                    mids = [m.mid for m in batch if m.qos]
+                    if mids:
+                        self.acks.append((client, mids))
+                    orig(batch)
+                    return
+                dups, digest = state["dups"], red.digest
+                mids, fresh, kept = [], [], []
+                for m in batch:
+                    if not m.qos:
+                        fresh.append(m)
+                        continue
+                    mid = m.mid
+                    mids.append(mid)
+                    d = digest(m.topic.value, m.payload)
+                    if red.is_repeat(mid, d, dup=mid in dups):
+                        red.dropped += 1
+                        self.redelivered.inc()
+                        continue
+                    red.keep(mid, d)
+                    kept.append([mid, d])
+                    fresh.append(m)
                 if mids:
                     self.acks.append((client, mids))
-                orig(batch)
+                orig(fresh)
+                if kept:  # after the message's readings: the same sync makes both durable (whole syncs only)
+                    self.journal.append_mark({"u": kept})
+                if len(fresh) < len(batch):
+                    self.wake.set()
 
             link.on_messages = on_messages
+
+    def _digest_key(self) -> bytes:
+        """The key of the redelivery digests: from the master key (or, in local mode, a random one in the store)."""
+        if self.master is not None:
+            return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"tops/redelivery-digest/v1",
+                        info=b"").derive(self.master)
+        stored = self.store.meta("redelivery_key")
+        if stored is None:
+            stored = os.urandom(32).hex()
+            self.store.set_meta("redelivery_key", stored)
+        return bytes.fromhex(stored)
+
+    def _confirm(self) -> None:
+        """Drop the redelivery entries whose acknowledgement the broker has (see stream.redelivery)."""
+        red, link = self.redeliveries, self.daemon.link
+        if red is None or link is None:
+            return
+        state = self._link_state
+        pubs = state["pubs"]
+        while pubs and pubs[0][1].is_published():
+            state["confirmed"] = pubs.popleft()[0]
+        red.confirm(state["confirmed"], connected=link.connected.is_set() and link.client is state["client"])
 
     def _restore(self) -> None:
         daemon, router = self.daemon, self.router
@@ -221,8 +317,13 @@ class Durability:
                 daemon.pubq.requeue(outbox)
             else:
                 log.warning("%d stored messages not published: no MQTT sink any more", len(outbox))
+        red = self.redeliveries
+        on_mark = None
+        if red is not None:
+            red.load(json.loads(self.store.meta("redeliveries") or "[]"))
+            on_mark = red.replay_mark
         n, skipped = 0, 0
-        for rec_j in self.journal.replay(self.store.journal_position()):
+        for rec_j in self.journal.replay(self.store.journal_position(), on_mark):
             rec = daemon.stream_record(rec_j.stream)
             if rec is None:
                 skipped += 1
@@ -325,6 +426,10 @@ class Durability:
         link = self.daemon.link
         if acks and link is not None:
             link.ack(acks)
+            red = self.redeliveries
+            if red is not None and link.connected.is_set() and link.client is self._link_state["client"]:
+                client, sent = link.client, self._link_state["sent"]
+                red.acked([mid for c, mids in acks if c is client for mid in mids], sent)
 
     async def sync_loop(self) -> None:
         """Group commit: gather readings for ``fsync_interval`` (or ``fsync_batch`` of them), write and fsync in a
@@ -352,6 +457,7 @@ class Durability:
             self.daemon.metrics.journal_synced.inc(n)
         self._release(held)
         self._ack(acks)
+        self._confirm()
 
     # -- checkpoints --------------------------------------------------------------------------------------------
     async def checkpoint_loop(self) -> None:
@@ -382,6 +488,7 @@ class Durability:
         self.held, self.acks = [], []
         self._release(held)
         self._ack(acks)
+        self._confirm()
         streams = router.streams
         names = list(streams) if router.clock is not None else [n for n in self.changed if n in streams]
         states = {n: record_state(streams[n]) for n in names}
@@ -389,7 +496,9 @@ class Durability:
         for n in names:
             if streams[n].operator.phase == "holdout":
                 self.saved_in_holdout.add(n)
-        self.store.checkpoint(states, position, self.outbox())
+        red = self.redeliveries
+        meta = None if red is None else {"redeliveries": json.dumps(red.snapshot(), separators=(",", ":"))}
+        self.store.checkpoint(states, position, self.outbox(), meta=meta)
         self.journal.drop_before(position)
         if left_holdout:  # the holdout histograms are gone from the rows; purge the old page images too
             self.store.purge_freed_pages()
