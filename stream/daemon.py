@@ -346,6 +346,8 @@ class Daemon:
         eof = False
         try:
             while not eof:
+                if self.durable is not None and not self.durable.writable.is_set():
+                    await self.durable.writable.wait()  # the journal cannot be written (disk full): stdin waits
                 chunk = await queue.get()
                 while chunk is not None:
                     self.on_lines(chunk)

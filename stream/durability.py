@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import os
+import sqlite3
 import time
 from collections import deque
 from itertools import compress
@@ -31,8 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives import hashes
-from prometheus_client import Counter
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from prometheus_client import Counter
 
 from operators import ToPSConfig
 from stream.config import build_operator
@@ -106,6 +107,22 @@ def apply_state(rec: StreamRecord, state: dict[str, Any]) -> None:
         rec.bins.bins = {int(k): float(v) for k, v in b["open"]}
 
 
+def private_dir(d: Path, what: str) -> None:
+    """Mode 0700 on a folder of private data (readings at rest): a looser one is tightened and logged; one that is
+    not a folder, not ours or cannot be changed stops the start."""
+    try:
+        st = d.stat()
+        if not d.is_dir():
+            msg = f"{what} {d} is not a folder"
+            raise StoreError(msg)
+        if st.st_mode & 0o077:
+            os.chmod(d, 0o700)
+            log.warning("%s %s had mode %o: set to 0700 (it holds readings at rest)", what, d, st.st_mode & 0o777)
+    except OSError as exc:
+        msg = f"{what} {d} must have mode 0700 and cannot be changed ({exc.strerror}): chmod 700 it"
+        raise StoreError(msg) from None
+
+
 class Durability:
     """The store, the journal and what waits for them, for one daemon; use :meth:`open`."""
 
@@ -132,6 +149,12 @@ class Durability:
         self.restored: dict[str, dict[str, Any]] = {}
         self.releasing = False
         self.syncing = False
+        self.stalled = False  # the journal cannot be written (disk full): intake waits for `writable`
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.stall_errors = 0
+        self.unsynced = 0  # readings of a failed write, counted when it succeeds
+        self.retry_interval = 1.0
         self.wake = asyncio.Event()
         self.checkpoint_due = asyncio.Event()
         self.io_lock = asyncio.Lock()
@@ -165,6 +188,9 @@ class Durability:
         if not os.access(d, os.W_OK | os.X_OK):
             msg = f"[state] data_dir {d} is not writable by this user"
             raise StoreError(msg)
+        private_dir(d, "[state] data_dir")
+        if (d / "journal").is_dir():
+            private_dir(d / "journal", "the journal folder")
         store = Store.open(d / "state.db")
         try:
             journal = Journal.open(d / "journal")
@@ -336,7 +362,7 @@ class Durability:
         daemon.emit(router.flush())
         router.take_counts()  # replayed readings were counted by the process that accepted them
         self.ticks_at_checkpoint = router.ticks_total
-        self.checkpoint()
+        self.try_checkpoint()
         log.info("state: %d streams restored, %d journaled readings re-processed%s, %d stored messages requeued "
                  "(%.2f s)", len(stored), n, f" ({skipped} for streams past the cap)" if skipped else "",
                  len(outbox), time.perf_counter() - t0)
@@ -405,7 +431,7 @@ class Durability:
             return False
         if self.router.ticks_total - self.ticks_at_checkpoint >= self.checkpoint_every:
             self.checkpoint_due.set()
-        if self.journal.pending_records or self.syncing or self.held or self.acks:
+        if self.journal.pending_records or self.syncing or self.held or self.acks or self.stalled:
             if batches or self.router.status_now:
                 self.held.append(batches)
             self.wake.set()
@@ -444,14 +470,25 @@ class Durability:
 
     async def _sync(self) -> None:
         data, n = self.journal.take()
+        n += self.unsynced
+        self.unsynced = 0
         held, acks = self.held, self.acks
         self.held, self.acks = [], []
-        if data:
+        if data or self.journal.unwritten:
             self.syncing = True
             try:
                 await asyncio.to_thread(self.journal.write_durable, data, fsync=self.fsync)
+            except OSError as exc:  # disk full (or failing): nothing is accepted, released or acknowledged
+                self.held, self.acks = held + self.held, acks + self.acks
+                self.unsynced = n
+                self._stall(exc)
+                await asyncio.sleep(self.retry_interval)
+                self.wake.set()
+                return
             finally:
                 self.syncing = False
+        if self.stalled:
+            self._resume()
         self.synced_readings += n
         if n:
             self.daemon.metrics.journal_synced.inc(n)
@@ -459,18 +496,47 @@ class Durability:
         self._ack(acks)
         self._confirm()
 
+    def _stall(self, exc: OSError) -> None:
+        """The journal cannot be written: intake pauses (stdin waits; QoS 1 stops at the broker's window of
+        unacknowledged messages), releases and acknowledgements wait; retried every ``retry_interval`` s."""
+        self.stall_errors += 1
+        if not self.stalled:
+            self.stalled = True
+            self.writable.clear()
+            log.error("journal in %s cannot be written (%s): intake paused, nothing is acknowledged or released "
+                      "until it can; retrying every %.0f s", self.journal.dir, exc.strerror or type(exc).__name__,
+                      self.retry_interval)
+
+    def _resume(self) -> None:
+        self.stalled = False
+        self.writable.set()
+        log.warning("journal writable again after %d failed attempts: intake resumes", self.stall_errors)
+        self.stall_errors = 0
+        self.checkpoint_due.set()
+
     # -- checkpoints --------------------------------------------------------------------------------------------
     async def checkpoint_loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.checkpoint_due.wait(), self.checkpoint_interval)
             async with self.io_lock:
-                self.checkpoint()
+                if not self.stalled:
+                    self.try_checkpoint()
 
     async def checkpoint_now(self) -> None:
         """A checkpoint as soon as no sync is under way (shutdown)."""
         async with self.io_lock:
+            self.try_checkpoint()
+
+    def try_checkpoint(self) -> bool:
+        """:meth:`checkpoint`; when the disk is full it is left for later (the journal still holds everything)."""
+        try:
             self.checkpoint()
+        except (OSError, sqlite3.Error) as exc:
+            log.error("checkpoint failed (%s): the journal keeps the readings; retrying later", exc)
+            self.wake.set()  # the sync loop notices a journal it cannot write
+            return False
+        return True
 
     def checkpoint(self) -> None:
         """One consistent checkpoint, synchronous (one event-loop step); the caller holds ``io_lock`` if running."""

@@ -68,6 +68,8 @@ class Journal:
         self._ts_obj: object = None
         self._ts_repr = ""
         self.pending_records = 0  # appended but not yet synced
+        self.unwritten = b""  # the rest of a write that failed (disk full): written first by the next one
+        self._fsync_owed = False
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str]) -> Journal:
@@ -86,8 +88,12 @@ class Journal:
 
     def _open_segment(self, n: int) -> int:
         fd = os.open(self._path(n), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        if os.fstat(fd).st_size == 0:
-            os.write(fd, _HEADER)
+        try:
+            if os.fstat(fd).st_size == 0:
+                os.write(fd, _HEADER)
+        except OSError:
+            os.close(fd)
+            raise
         return fd
 
     def append_mark(self, rec: dict[str, object]) -> None:
@@ -140,16 +146,12 @@ class Journal:
     def sync(self, *, fsync: bool = True) -> int:
         """Write the buffered readings and (by default) fsync them; returns how many were made durable."""
         n = self.pending_records
+        data = b""
         if self._buf:
             self._buf.append(_END)
             data = b"".join(self._buf)
-            view = memoryview(data)
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
             self._buf.clear()
-        if fsync and n:
-            os.fsync(self._fd)
+        self.write_durable(data, fsync=fsync and bool(n))  # OSError (disk full): kept in `unwritten`, retried
         self.pending_records = 0
         return n
 
@@ -164,21 +166,32 @@ class Journal:
 
     def write_durable(self, data: bytes, *, fsync: bool = True) -> None:
         """Write ``data`` from :meth:`take` to the current segment and fsync it (may run in a worker thread; the
-        caller makes sure no :meth:`rotate` runs meanwhile)."""
+        caller makes sure no :meth:`rotate` runs meanwhile). On OSError (disk full) what was not written is kept in
+        ``unwritten`` and goes first at the next call, so a line is never written twice or cut."""
+        if self.unwritten:
+            data, self.unwritten = self.unwritten + data, b""
         view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-        if fsync and data:
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except OSError:
+            self.unwritten = bytes(view)
+            self._fsync_owed = self._fsync_owed or (fsync and len(view) < len(data))
+            raise
+        if fsync and (data or self._fsync_owed):
+            self._fsync_owed = True  # until it succeeds: an OSError is retried at the next call
             os.fsync(self._fd)
+        self._fsync_owed = False
 
     def rotate(self, *, fsync: bool = True) -> int:
         """Sync, close the current segment and start the next; returns the position a checkpoint now covers up to
         (the first segment *not* covered)."""
         self.sync(fsync=fsync)
+        fd = self._open_segment(self.segment + 1)  # first: a full disk leaves the journal as it was
         os.close(self._fd)
         self.segment += 1
-        self._fd = self._open_segment(self.segment)
+        self._fd = fd
         return self.segment
 
     def drop_before(self, position: int) -> None:

@@ -141,7 +141,8 @@ def test_kill9_right_after_reconnect_never_counts_a_reading_without_seq_twice(mo
             # nothing): the daemon reconnects, the broker redelivers what it had not seen acknowledged
             before = daemon.metrics().get("tops_mqtt_reconnects_total", 0.0)
             take_session_over(mosquitto.port, "tops-noseq-kill")
-            wait_for(lambda: daemon.metrics().get("tops_mqtt_reconnects_total", 0.0) > before, 10, what="reconnect")
+            wait_for(lambda d=daemon, b=before: d.metrics().get("tops_mqtt_reconnects_total", 0.0) > b, 10,
+                     what="reconnect")
             time.sleep(kills.uniform(0.0, 0.1) if cycle % 2 else kills.uniform(0.2, 0.5))
             daemon.kill()  # SIGKILL, right after the reconnect on odd cycles
             logs.append(daemon.stderr())
@@ -174,7 +175,7 @@ def test_kill9_right_after_reconnect_never_counts_a_reading_without_seq_twice(mo
     for s, v in values.items():
         assert check_against_replay(releases, v, tmp_path / "master.key", s, tmp_path) == len(v) - TEMPLATE["holdout"]
     # (a socket closed under asyncio's add_writer at the takeover is logged by asyncio; no traceback of ours)
-    assert all("/stream/" not in x for x in logs), [x for x in logs if "/stream/" in x][0][-2000:]
+    assert all("/stream/" not in x for x in logs), next(x for x in logs if "/stream/" in x)[-2000:]
 
 
 @pytest.mark.network
