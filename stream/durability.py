@@ -517,8 +517,10 @@ class Durability:
     # -- checkpoints --------------------------------------------------------------------------------------------
     async def checkpoint_loop(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: in 3.11 wait_for loses a cancellation that comes as the event is set
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.checkpoint_due.wait(), self.checkpoint_interval)
+                async with asyncio.timeout(self.checkpoint_interval):
+                    await self.checkpoint_due.wait()
             async with self.io_lock:
                 if not self.stalled:
                     self.try_checkpoint()
@@ -534,6 +536,8 @@ class Durability:
             self.checkpoint()
         except (OSError, sqlite3.Error) as exc:
             log.error("checkpoint failed (%s): the journal keeps the readings; retrying later", exc)
+            with contextlib.suppress(sqlite3.Error):  # a full disk: fold the store's WAL in, truncate it
+                self.store.purge_freed_pages()
             self.wake.set()  # the sync loop notices a journal it cannot write
             return False
         return True
