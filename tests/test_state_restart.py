@@ -563,15 +563,16 @@ def test_a_full_disk_pauses_intake_and_resumes_without_losing_a_reading(tmp_path
     finally:
         subprocess.run(["umount", "-l", str(fs)], check=False)
     assert "intake paused" in err and "intake resumes" in err and "Traceback" not in err
-    assert check_against_replay(out, values, tmp_path / "master.key", "d", tmp_path) == len(values) - TEMPLATE["holdout"]
+    n = check_against_replay(out, values, tmp_path / "master.key", "d", tmp_path)
+    assert n == len(values) - TEMPLATE["holdout"]
 
 
 def test_loose_folder_modes_are_tightened_and_an_unwritable_key_folder_is_refused(tmp_path: Path) -> None:
     """An existing data_dir and journal folder of mode 0755 are set to 0700 (logged); a key file whose folder cannot
     be written stops the start with one line and exit code 2 (no traceback)."""
     (tmp_path / "state" / "journal").mkdir(parents=True)
-    os.chmod(tmp_path / "state", 0o755)
-    os.chmod(tmp_path / "state" / "journal", 0o755)
+    os.chmod(tmp_path / "state", 0o755)  # noqa: S103  (the loose mode under test)
+    os.chmod(tmp_path / "state" / "journal", 0o755)  # noqa: S103
     res = tops("run", "--config", str(stdin_config(tmp_path)), stdin=b"a,1\n")
     assert res.returncode == 0, res.stderr.decode()
     assert oct((tmp_path / "state").stat().st_mode & 0o777) == "0o700"
