@@ -462,6 +462,8 @@ class Daemon:
         eof = False
         try:
             while not eof:
+                if self.durable is not None and not self.durable.writable.is_set():
+                    await self.durable.writable.wait()  # the journal cannot be written (disk full): stdin waits
                 if self.pubq is not None:
                     await self.pubq.wait_room()  # releases waiting for the broker: intake waits, never drops
                 chunk = await queue.get()

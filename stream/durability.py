@@ -21,20 +21,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import sqlite3
 import time
+from collections import deque
 from itertools import compress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from prometheus_client import Counter
 
 from operators import ToPSConfig
 from stream.config import build_operator
 from stream.journal import Journal
 from stream.keys import derive_stream_key, load_master_key
+from stream.redelivery import Redeliveries
 from stream.router import ReleaseBatch, StreamRecord
 from stream.spill import Spill
 from stream.store import Store, StoreError
@@ -103,6 +108,22 @@ def apply_state(rec: StreamRecord, state: dict[str, Any]) -> None:
         rec.bins.bins = {int(k): float(v) for k, v in b["open"]}
 
 
+def private_dir(d: Path, what: str) -> None:
+    """Mode 0700 on a folder of private data (readings at rest): a looser one is tightened and logged; one that is
+    not a folder, not ours or cannot be changed stops the start."""
+    try:
+        st = d.stat()
+        if not d.is_dir():
+            msg = f"{what} {d} is not a folder"
+            raise StoreError(msg)
+        if st.st_mode & 0o077:
+            os.chmod(d, 0o700)
+            log.warning("%s %s had mode %o: set to 0700 (it holds readings at rest)", what, d, st.st_mode & 0o777)
+    except OSError as exc:
+        msg = f"{what} {d} must have mode 0700 and cannot be changed ({exc.strerror}): chmod 700 it"
+        raise StoreError(msg) from None
+
+
 class Durability:
     """The store, the journal and what waits for them, for one daemon; use :meth:`open`."""
 
@@ -129,6 +150,12 @@ class Durability:
         self.restored: dict[str, dict[str, Any]] = {}
         self.releasing = False
         self.syncing = False
+        self.stalled = False  # the journal cannot be written (disk full): intake waits for `writable`
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.stall_errors = 0
+        self.unsynced = 0  # readings of a failed write, counted when it succeeds
+        self.retry_interval = 1.0
         self.wake = asyncio.Event()
         self.checkpoint_due = asyncio.Event()
         self.io_lock = asyncio.Lock()
@@ -143,6 +170,10 @@ class Durability:
         # periods on the wall clock: the arrival time decides the period, whatever the reading's ts
         self._arrival_time = daemon.router.clock is not None and not daemon.router.event_time
         self._record = daemon.router.record
+        self.redeliveries: Redeliveries | None = None  # MQTT QoS 1 input: repeats the broker may send
+        self.redelivered = Counter("tops_redeliveries_dropped", "QoS 1 messages the broker sent again after they "
+                                   "were processed (acknowledged, not counted twice).",
+                                   registry=daemon.metrics.registry)
 
     # -- startup ------------------------------------------------------------------------------------------------
     @classmethod
@@ -158,6 +189,9 @@ class Durability:
         if not os.access(d, os.W_OK | os.X_OK):
             msg = f"[state] data_dir {d} is not writable by this user"
             raise StoreError(msg)
+        private_dir(d, "[state] data_dir")
+        if (d / "journal").is_dir():
+            private_dir(d / "journal", "the journal folder")
         store = Store.open(d / "state.db")
         try:
             journal = Journal.open(d / "journal")
@@ -199,15 +233,103 @@ class Durability:
         if link is not None and link.topics:
             link.manual_ack = True
             orig = link.on_messages
+            red = self.redeliveries = Redeliveries(self._digest_key(), grace=2.0 * link.settings.keepalive,
+                                                   mark=self.journal.append_mark)
+            state = {"dups": set(), "client": None, "pubs": deque(), "sent": 0, "confirmed": 0}
+            self._link_state = state
+            make_client = link._client
+
+            def client_with_hooks(queue: Any) -> Any:
+                """The link's client, with what telling a repeat needs: each message's DUP flag, the CONNACK's
+                session flag, and which of our QoS >= 1 publishes the broker confirmed (all paho-mqtt 2)."""
+                client = make_client(queue)
+                paho = client._client
+                dups: set[int] = set()
+                pubs: deque[tuple[int, Any]] = deque()
+                deliver, connack, publish = paho.on_message, paho.on_connect, paho.publish
+
+                def on_message(c: Any, userdata: Any, msg: Any) -> None:
+                    if msg.qos:
+                        (dups.add if msg.dup else dups.discard)(msg.mid)
+                    deliver(c, userdata, msg)
+
+                def on_connect(*args: Any) -> None:
+                    connack(*args)
+                    state.update(dups=dups, client=client, pubs=pubs, sent=0, confirmed=0)
+                    if self.daemon.cfg.mqtt.session == "persistent":
+                        red.connected(session_present=link.session_present)
+                    else:
+                        red.connected(session_present=False)
+
+                def publish_counted(*args: Any, **kwargs: Any) -> Any:
+                    info = publish(*args, **kwargs)
+                    qos = args[2] if len(args) > 2 else kwargs.get("qos", 0)
+                    if state["client"] is client:
+                        state["sent"] += 1
+                        if qos:
+                            pubs.append((state["sent"], info))
+                    return info
+
+                paho.on_message, paho.on_connect, paho.publish = on_message, on_connect, publish_counted
+                return client
+
+            link._client = client_with_hooks  # type: ignore[method-assign]
 
             def on_messages(batch: list[Any]) -> None:
                 client = link.client
-                mids = [m.mid for m in batch if m.qos]
+                if client is None or client is not state["client"]:  # a lost session's backlog: never repeated
+                    mids = [m.mid for m in batch if m.qos]
+                    if mids:
+                        self.acks.append((client, mids))
+                    orig(batch)
+                    return
+                dups, digest = state["dups"], red.digest
+                mids, fresh, kept = [], [], []
+                for m in batch:
+                    if not m.qos:
+                        fresh.append(m)
+                        continue
+                    mid = m.mid
+                    mids.append(mid)
+                    d = digest(m.topic.value, m.payload)
+                    if red.is_repeat(mid, d, dup=mid in dups):
+                        red.dropped += 1
+                        self.redelivered.inc()
+                        continue
+                    red.keep(mid, d)
+                    kept.append([mid, d])
+                    fresh.append(m)
                 if mids:
                     self.acks.append((client, mids))
-                orig(batch)
+                orig(fresh)
+                if kept:  # after the message's readings: the same sync makes both durable (whole syncs only)
+                    self.journal.append_mark({"u": kept})
+                if len(fresh) < len(batch):
+                    self.wake.set()
 
             link.on_messages = on_messages
+
+    def _digest_key(self) -> bytes:
+        """The key of the redelivery digests: from the master key (or, in local mode, a random one in the store)."""
+        if self.master is not None:
+            return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"tops/redelivery-digest/v1",
+                        info=b"").derive(self.master)
+        stored = self.store.meta("redelivery_key")
+        if stored is None:
+            stored = os.urandom(32).hex()
+            self.store.set_meta("redelivery_key", stored)
+        return bytes.fromhex(stored)
+
+    def _confirm(self) -> None:
+        """Drop the redelivery entries whose acknowledgement the broker has (see stream.redelivery)."""
+        red, link = self.redeliveries, self.daemon.link
+        if red is None or link is None:
+            return
+        state = self._link_state
+        pubs = state["pubs"]
+        while pubs and pubs[0][1].is_published():
+            state["confirmed"] = pubs.popleft()[0]
+        red.confirm(state["confirmed"], connected=link.connected.is_set() and link.client is state["client"])
 
     def _restore(self) -> None:
         daemon, router = self.daemon, self.router
@@ -227,8 +349,13 @@ class Durability:
                 daemon.pubq.requeue(outbox)
             else:
                 log.warning("%d stored messages not published: no MQTT sink any more", len(outbox))
+        red = self.redeliveries
+        on_mark = None
+        if red is not None:
+            red.load(json.loads(self.store.meta("redeliveries") or "[]"))
+            on_mark = red.replay_mark
         n, skipped = 0, 0
-        for rec_j in self.journal.replay(self.store.journal_position()):
+        for rec_j in self.journal.replay(self.store.journal_position(), on_mark):
             rec = daemon.stream_record(rec_j.stream)
             if rec is None:
                 skipped += 1
@@ -241,7 +368,7 @@ class Durability:
         daemon.emit(router.flush())
         router.take_counts()  # replayed readings were counted by the process that accepted them
         self.ticks_at_checkpoint = router.ticks_total
-        self.checkpoint()
+        self.try_checkpoint()
         # with period counts the number of readings is the protected value: the log does not say it
         readings = "journaled readings" if daemon.metrics.counts_protected else f"{n} journaled readings"
         log.info("state: %d streams restored, %s re-processed%s, %d stored messages requeued (%.2f s)",
@@ -313,7 +440,7 @@ class Durability:
             return False
         if self.router.ticks_total - self.ticks_at_checkpoint >= self.checkpoint_every:
             self.checkpoint_due.set()
-        if self.journal.pending_records or self.syncing or self.held or self.acks:
+        if self.journal.pending_records or self.syncing or self.held or self.acks or self.stalled:
             if batches or self.router.status_now:
                 self.held.append(batches)
             self.wake.set()
@@ -334,6 +461,10 @@ class Durability:
         link = self.daemon.link
         if acks and link is not None:
             link.ack(acks)
+            red = self.redeliveries
+            if red is not None and link.connected.is_set() and link.client is self._link_state["client"]:
+                client, sent = link.client, self._link_state["sent"]
+                red.acked([mid for c, mids in acks if c is client for mid in mids], sent)
 
     async def sync_loop(self) -> None:
         """Group commit: gather readings for ``fsync_interval`` (or ``fsync_batch`` of them), write and fsync in a
@@ -348,32 +479,77 @@ class Durability:
 
     async def _sync(self) -> None:
         data, n = self.journal.take()
+        n += self.unsynced
+        self.unsynced = 0
         held, acks = self.held, self.acks
         self.held, self.acks = [], []
-        if data:
+        if data or self.journal.unwritten:
             self.syncing = True
             try:
                 await asyncio.to_thread(self.journal.write_durable, data, fsync=self.fsync)
+            except OSError as exc:  # disk full (or failing): nothing is accepted, released or acknowledged
+                self.held, self.acks = held + self.held, acks + self.acks
+                self.unsynced = n
+                self._stall(exc)
+                await asyncio.sleep(self.retry_interval)
+                self.wake.set()
+                return
             finally:
                 self.syncing = False
+        if self.stalled:
+            self._resume()
         self.synced_readings += n
         if n:
             self.daemon.metrics.journal_synced.inc(n)
         self._release(held)
         self._ack(acks)
+        self._confirm()
+
+    def _stall(self, exc: OSError) -> None:
+        """The journal cannot be written: intake pauses (stdin waits; QoS 1 stops at the broker's window of
+        unacknowledged messages), releases and acknowledgements wait; retried every ``retry_interval`` s."""
+        self.stall_errors += 1
+        if not self.stalled:
+            self.stalled = True
+            self.writable.clear()
+            log.error("journal in %s cannot be written (%s): intake paused, nothing is acknowledged or released "
+                      "until it can; retrying every %.0f s", self.journal.dir, exc.strerror or type(exc).__name__,
+                      self.retry_interval)
+
+    def _resume(self) -> None:
+        self.stalled = False
+        self.writable.set()
+        log.warning("journal writable again after %d failed attempts: intake resumes", self.stall_errors)
+        self.stall_errors = 0
+        self.checkpoint_due.set()
 
     # -- checkpoints --------------------------------------------------------------------------------------------
     async def checkpoint_loop(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: in 3.11 wait_for loses a cancellation that comes as the event is set
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.checkpoint_due.wait(), self.checkpoint_interval)
+                async with asyncio.timeout(self.checkpoint_interval):
+                    await self.checkpoint_due.wait()
             async with self.io_lock:
-                self.checkpoint()
+                if not self.stalled:
+                    self.try_checkpoint()
 
     async def checkpoint_now(self) -> None:
         """A checkpoint as soon as no sync is under way (shutdown)."""
         async with self.io_lock:
+            self.try_checkpoint()
+
+    def try_checkpoint(self) -> bool:
+        """:meth:`checkpoint`; when the disk is full it is left for later (the journal still holds everything)."""
+        try:
             self.checkpoint()
+        except (OSError, sqlite3.Error) as exc:
+            log.error("checkpoint failed (%s): the journal keeps the readings; retrying later", exc)
+            with contextlib.suppress(sqlite3.Error):  # a full disk: fold the store's WAL in, truncate it
+                self.store.purge_freed_pages()
+            self.wake.set()  # the sync loop notices a journal it cannot write
+            return False
+        return True
 
     def checkpoint(self) -> None:
         """One consistent checkpoint, synchronous (one event-loop step); the caller holds ``io_lock`` if running."""
@@ -391,6 +567,7 @@ class Durability:
         self.held, self.acks = [], []
         self._release(held)
         self._ack(acks)
+        self._confirm()
         streams = router.streams
         names = list(streams) if router.clock is not None else [n for n in self.changed if n in streams]
         states = {n: record_state(streams[n]) for n in names}
@@ -401,7 +578,9 @@ class Durability:
         spill = daemon.pubq.spill if daemon.pubq is not None else None
         if spill is not None:
             spill.sync()
-        self.store.checkpoint(states, position, self.outbox())
+        red = self.redeliveries
+        meta = None if red is None else {"redeliveries": json.dumps(red.snapshot(), separators=(",", ":"))}
+        self.store.checkpoint(states, position, self.outbox(), meta=meta)
         if spill is not None:
             spill.commit()  # after the commit: a crash in between repeats messages, never loses one
         self.journal.drop_before(position)

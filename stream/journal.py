@@ -3,7 +3,9 @@
 Segments ``seg-<n>.log`` (mode 0600: readings are private data at rest) hold one JSON line per accepted reading,
 or per accepted message with several readings (``"v"`` an array; ``"t"`` one time for all or an array; ``"q"``
 absent or an array, ``null`` for a reading without ``seq``). A line is written whole or not at all as far as replay
-goes: a torn line yields none of its readings.
+goes: a torn line yields none of its readings. A segment starts with ``{"f":2}``; each sync ends what it writes with
+``{"e":1}``, and replay takes whole syncs only: the lines after the last end mark (a write cut by a crash, never
+acknowledged) yield nothing. Lines without ``"v"`` are marks of :mod:`stream.redelivery`, handed to ``on_mark``.
 Appends are buffered and synced in batches (``sync``); only after a sync does the daemon acknowledge QoS 1 messages.
 A checkpoint rotates to a new segment first, so the checkpoint covers exactly the segments before it; a restart
 re-processes the segments from the checkpoint's position on (re-producing byte-identical releases from the keyed
@@ -32,14 +34,17 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = ["Journal", "JournalRecord"]
 
 _SEGMENT = re.compile(r"^seg-(\d{12})\.log$")
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
+_HEADER = b'{"f":2}\n'  # format 2: replay only what is followed by an end mark
+_END = b'{"e":1}\n'  # the end of one sync's write
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +68,8 @@ class Journal:
         self._ts_obj: object = None
         self._ts_repr = ""
         self.pending_records = 0  # appended but not yet synced
+        self.unwritten = b""  # the rest of a write that failed (disk full): written first by the next one
+        self._fsync_owed = False
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str]) -> Journal:
@@ -80,7 +87,18 @@ class Journal:
         return self.dir / f"seg-{n:012d}.log"
 
     def _open_segment(self, n: int) -> int:
-        return os.open(self._path(n), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(self._path(n), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            if os.fstat(fd).st_size == 0:
+                os.write(fd, _HEADER)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
+
+    def append_mark(self, rec: dict[str, object]) -> None:
+        """Buffer a mark (no reading): written with the next sync, replayed in order through ``on_mark``."""
+        self._buf.append(_dumps(rec).encode() + b"\n")
 
     def append(self, stream: str, value: float, *, ts: float, seq: int | None) -> None:
         """Buffer one reading; it counts as accepted after the next :meth:`sync`."""
@@ -128,20 +146,19 @@ class Journal:
     def sync(self, *, fsync: bool = True) -> int:
         """Write the buffered readings and (by default) fsync them; returns how many were made durable."""
         n = self.pending_records
+        data = b""
         if self._buf:
+            self._buf.append(_END)
             data = b"".join(self._buf)
-            view = memoryview(data)
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
             self._buf.clear()
-        if fsync and n:
-            os.fsync(self._fd)
+        self.write_durable(data, fsync=fsync and bool(n))  # OSError (disk full): kept in `unwritten`, retried
         self.pending_records = 0
         return n
 
     def take(self) -> tuple[bytes, int]:
         """Hand over the buffered readings (event-loop thread); :meth:`write_durable` then makes them durable."""
+        if self._buf:
+            self._buf.append(_END)
         data, n = b"".join(self._buf), self.pending_records
         self._buf.clear()
         self.pending_records = 0
@@ -149,21 +166,32 @@ class Journal:
 
     def write_durable(self, data: bytes, *, fsync: bool = True) -> None:
         """Write ``data`` from :meth:`take` to the current segment and fsync it (may run in a worker thread; the
-        caller makes sure no :meth:`rotate` runs meanwhile)."""
+        caller makes sure no :meth:`rotate` runs meanwhile). On OSError (disk full) what was not written is kept in
+        ``unwritten`` and goes first at the next call, so a line is never written twice or cut."""
+        if self.unwritten:
+            data, self.unwritten = self.unwritten + data, b""
         view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-        if fsync and data:
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except OSError:
+            self.unwritten = bytes(view)
+            self._fsync_owed = self._fsync_owed or (fsync and len(view) < len(data))
+            raise
+        if fsync and (data or self._fsync_owed):
+            self._fsync_owed = True  # until it succeeds: an OSError is retried at the next call
             os.fsync(self._fd)
+        self._fsync_owed = False
 
     def rotate(self, *, fsync: bool = True) -> int:
         """Sync, close the current segment and start the next; returns the position a checkpoint now covers up to
         (the first segment *not* covered)."""
         self.sync(fsync=fsync)
+        fd = self._open_segment(self.segment + 1)  # first: a full disk leaves the journal as it was
         os.close(self._fd)
         self.segment += 1
-        self._fd = self._open_segment(self.segment)
+        self._fd = fd
         return self.segment
 
     def drop_before(self, position: int) -> None:
@@ -172,22 +200,32 @@ class Journal:
             if n < position:
                 self._path(n).unlink(missing_ok=True)
 
-    def replay(self, position: int) -> Iterator[JournalRecord]:
-        """The readings of the segments from ``position`` on (before the current one), in order."""
+    def replay(self, position: int, on_mark: Callable[[dict[str, Any]], None] | None = None
+               ) -> Iterator[JournalRecord]:
+        """The readings of the segments from ``position`` on (before the current one), in order; the marks go to
+        ``on_mark`` in their place."""
         for n in self.segments_in(self.dir):
             if n < position or n >= self.segment:
                 continue
-            yield from self._read_segment(self._path(n))
+            yield from self._read_segment(self._path(n), on_mark)
 
     @staticmethod
-    def _read_segment(path: Path) -> Iterator[JournalRecord]:
+    def _read_segment(path: Path, on_mark: Callable[[dict[str, Any]], None] | None = None
+                      ) -> Iterator[JournalRecord]:
         data = path.read_bytes()
         lines = data.split(b"\n")
+        if data.startswith(_HEADER):  # whole syncs only: what follows the last end mark was cut by a crash
+            end = data.rfind(b"\n" + _END)
+            lines = data[len(_HEADER):end + 1].split(b"\n") if end >= 0 else []
         for k, line in enumerate(lines):
-            if not line:
+            if not line or line == _END[:-1]:
                 continue
             try:
                 rec = json.loads(line)
+                if "v" not in rec and type(rec) is dict and "s" not in rec:
+                    if on_mark is not None:
+                        on_mark(rec)
+                    continue
                 v = rec["v"]
                 if type(v) is not list:
                     one = JournalRecord(str(rec["s"]), float(v), float(rec["t"]), rec.get("q"))

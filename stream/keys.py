@@ -86,8 +86,12 @@ def load_master_key(path: str | os.PathLike[str], *, create: bool = False) -> by
         if not create:
             msg = f"master key file {p} does not exist"
             raise KeyFileError(msg)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            msg = f"master key file {p} cannot be created: its folder {p.parent} is not writable ({exc.strerror})"
+            raise KeyFileError(msg) from None
         with os.fdopen(fd, "w") as f:
             f.write(os.urandom(32).hex() + "\n")
     try:

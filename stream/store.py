@@ -281,10 +281,12 @@ class Store:
         states: dict[str, dict[str, Any]],
         journal_position: int,
         outbox: list[tuple[str, bytes, bool, int]] | None = None,
+        meta: dict[str, str] | None = None,
     ) -> None:
         """Write the states of the given streams and the journal position they cover, in one transaction.
 
         ``outbox``: the messages not yet confirmed by the broker (replaces the stored outbox; None keeps it).
+        ``meta``: more ``meta`` values to write in the same transaction.
         """
         now = _now()
         with self._transaction():
@@ -302,6 +304,8 @@ class Store:
                 "INSERT INTO meta VALUES ('journal_position', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 (str(journal_position),),
             )
+            for key, value in (meta or {}).items():
+                self.set_meta(key, value)
 
     def outbox(self) -> list[tuple[str, bytes, bool, int]]:
         """The messages of the last checkpoint that the broker had not confirmed, in order."""

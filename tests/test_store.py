@@ -126,7 +126,8 @@ def test_sqlite_wal_mode(tmp_path: Path) -> None:
 
 def test_journal_lines_of_several_readings_replay_all_or_none(tmp_path: Path) -> None:
     """One line per message: its readings come back in order with their own time and seq; a torn last line gives
-    none of its readings; a line that does not hold together in the middle stops the replay."""
+    none of its readings, nor does a whole line after the last sync's end mark; a line that does not hold together
+    in the middle stops the replay."""
     j = Journal.open(tmp_path)
     j.append_many('"a"', [1.0, 2.5, 0.0], 100.25, None)
     j.append_many('"b"', [4.0, 5.0], [7.0, 8.5], [3, None])  # per-reading times, one reading without seq
@@ -134,7 +135,9 @@ def test_journal_lines_of_several_readings_replay_all_or_none(tmp_path: Path) ->
     j.append_json('"c"', 7.0, 102.0, None)
     assert j.sync() == 7
     seg = tmp_path / f"seg-{j.segment:012d}.log"
-    lines = seg.read_bytes().splitlines()
+    raw = seg.read_bytes().splitlines()
+    assert raw[0] == b'{"f":2}' and raw[-1] == b'{"e":1}'  # the format, and the end of one sync
+    lines = raw[1:-1]
     assert len(lines) == 4 and json.loads(lines[2]) == {"s": "a", "v": 6.0, "t": 101.0, "q": 9}
     want = [("a", 1.0, 100.25, None), ("a", 2.5, 100.25, None), ("a", 0.0, 100.25, None), ("b", 4.0, 7.0, 3),
             ("b", 5.0, 8.5, None), ("a", 6.0, 101.0, 9), ("c", 7.0, 102.0, None)]
@@ -143,7 +146,10 @@ def test_journal_lines_of_several_readings_replay_all_or_none(tmp_path: Path) ->
     j2 = Journal.open(tmp_path)
     assert [(r.stream, r.value, r.ts, r.seq) for r in j2.replay(0)] == want
     with open(seg, "ab") as f:
-        f.write(b'3.0}\n')  # now complete: both readings
+        f.write(b'3.0}\n')  # complete, but its sync never ended: none of its readings
+    assert [(r.stream, r.value, r.ts, r.seq) for r in Journal.open(tmp_path).replay(0)] == want
+    with open(seg, "ab") as f:
+        f.write(b'{"e":1}\n')  # now its sync ended: both readings
     assert [r.value for r in Journal.open(tmp_path).replay(0)][-2:] == [8.0, 9.0]
     for bad in (b'{"s":"a","v":[1.0,2.0],"t":[1.0]}', b'{"s":"a","v":[1.0],"t":1.0,"q":[1,2]}',
                 b'{"s":"a","v":[],"t":1.0}', b'{"s":"a","v":[1.0,"x"],"t":1.0}'):
