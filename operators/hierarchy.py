@@ -17,10 +17,11 @@ subtrees is produced in bulk (bottom-up then top-down over the whole subtree). E
 the same compiled arithmetic in the same order whatever the path, so the output equals the whole-tree computation
 bit for bit, however the ticks are batched.
 
->>> from operators.noise import KeyedGenerator
->>> walk = ConsistentNoise(KeyedGenerator(bytes(32)), fanout=4, layers=3, top_nodes=4, a=0.5)
+>>> from operators.noise import DiscreteLaplace, KeyedGenerator
+>>> dl = DiscreteLaplace(epsilon=0.7, sensitivity=1)
+>>> walk = ConsistentNoise(KeyedGenerator(bytes(32)), fanout=4, layers=3, top_nodes=4, noise=dl)
 >>> one_by_one = np.concatenate([walk.next_leaves(1) for _ in range(64)])
->>> walk2 = ConsistentNoise(KeyedGenerator(bytes(32)), fanout=4, layers=3, top_nodes=4, a=0.5)
+>>> walk2 = ConsistentNoise(KeyedGenerator(bytes(32)), fanout=4, layers=3, top_nodes=4, noise=dl)
 >>> bool((walk2.next_leaves(64) == one_by_one).all())     # batching never changes a bit
 True
 >>> walk.tree, walk.leaf                                   # one tree of 4 * 4^2 leaves done
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from operators.noise import Domain, KeyedGenerator
+from operators.noise import DiscreteLaplace, Domain, KeyedGenerator
 
 __all__ = ["RELEASE_GRID", "ConsistentNoise", "layer_weight", "round_to_grid"]
 
@@ -84,8 +85,8 @@ class ConsistentNoise:
         L = h - s, the layers kept in the tree.
     top_nodes
         R, the nodes of the top layer (each a subtree root).
-    a
-        Discrete Laplace parameter of every node's noise (``exp(-(eps / L) / sensitivity)``).
+    noise
+        The discrete Laplace of every node's noise (``epsilon = eps / L``, ``sensitivity`` = theta in units).
     """
 
     def __init__(
@@ -95,7 +96,7 @@ class ConsistentNoise:
         fanout: int,
         layers: int,
         top_nodes: int,
-        a: float,
+        noise: DiscreteLaplace,
         tree: int = 0,
         leaf: int = 0,
     ) -> None:
@@ -103,7 +104,7 @@ class ConsistentNoise:
         self.b = fanout
         self.layers = layers
         self.top_nodes = top_nodes
-        self.a = a
+        self.noise = noise
         self.leaves_per_tree = top_nodes * fanout ** (layers - 1)
         self._weights = [layer_weight(j + 1, fanout) for j in range(layers)]
         self.tree = tree
@@ -130,7 +131,7 @@ class ConsistentNoise:
     # -- noise --------------------------------------------------------------------------------------------------
     def _raw(self, layer: int, start: int, count: int) -> np.ndarray:
         domain = (int(Domain.HIERARCHY) << 16) | layer
-        return self._gen.discrete_laplace(domain, self.tree, start, count, self.a)
+        return self._gen.discrete_laplace(domain, self.tree, start, count, self.noise)
 
     def _subtree_z(self, j: int, i0: int, n: int) -> np.ndarray:
         """Bottom-up ``z`` of nodes ``[i0, i0 + n)`` of layer ``j`` (regenerates their whole subtrees)."""

@@ -9,13 +9,12 @@ run on another key.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
 from operators import ToPS, ToPSConfig
 from operators.baselines import Hierarchy
+from operators.noise import DiscreteLaplace
 from tests.audit._audit import audit_key, eps_lower_bound, event_hits
 
 EPS = 1.0
@@ -55,7 +54,7 @@ def _h2_stat(x: np.ndarray, key: bytes, *, noise_scale: float = 1.0) -> np.ndarr
     """Leaf + parent of the first tick of every tree of H2 with r = 4 (h = 2 layers at eps/2 each)."""
     op = Hierarchy(ToPSConfig(epsilon=EPS, bound=1, theta=1, query_range=4), key, fanout=2)
     if noise_scale != 1.0:  # the deliberately broken version: noise scale multiplied by noise_scale
-        op.a = math.exp(-(EPS / op.layers) / noise_scale)
+        op.noise = DiscreteLaplace(epsilon=EPS / op.layers, sensitivity=noise_scale)
     op.process(x)
     leaves, parents = op.node_values()
     return leaves[::4] + parents[::2]

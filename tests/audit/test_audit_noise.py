@@ -7,14 +7,12 @@ generator gives a lower bound close to (and below) eps, and one with half the no
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
 from operators.baselines import Flat, baseline_domain
 from operators.config import ToPSConfig
-from operators.noise import KeyedGenerator
+from operators.noise import DiscreteLaplace, KeyedGenerator
 from tests.audit._audit import audit_key, eps_lower_bound, event_hits
 
 EPS = 1.0
@@ -24,7 +22,8 @@ THRESHOLDS = np.array([1, 2, 3])
 
 def _shifted_noise(shift: int, *, eps_noise: float, label: str) -> np.ndarray:
     gen = KeyedGenerator(audit_key(label, 0))
-    return shift + gen.discrete_laplace(baseline_domain("audit", 0), 0, 0, N, math.exp(-eps_noise))
+    noise = DiscreteLaplace(epsilon=eps_noise, sensitivity=1)
+    return shift + gen.discrete_laplace(baseline_domain("audit", 0), 0, 0, N, noise)
 
 
 def test_discrete_laplace_lower_bound_below_eps_and_close_to_it() -> None:
