@@ -104,9 +104,14 @@ class ToPSConfig:
         check_positive("epsilon", self.epsilon)
         check_positive("bound", self.bound)
         check_positive("resolution", self.resolution)
-        if self.bound / self.resolution > 2**40:
-            msg = "bound / resolution must stay below 2^40 so that sums are exact in float64"
-            raise ConfigError(msg)
+        if self.bound >= self.resolution and type(self.fanout) is int and type(self.query_range) is int:
+            from operators.hierarchy import exact_range_problem
+
+            b = max(self.fanout, 2)
+            h = tree_height(max(self.query_range, 2), b)
+            problem = exact_range_problem(self.bound / self.resolution, self.epsilon, b, h)
+            if problem:
+                raise ConfigError(problem)
         if self.bound < self.resolution:
             msg = f"bound must be at least one resolution step ({self.resolution})"
             raise ConfigError(msg)

@@ -36,10 +36,46 @@ import numpy as np
 
 from operators.noise import DiscreteLaplace, Domain, KeyedGenerator
 
-__all__ = ["RELEASE_GRID", "ConsistentNoise", "layer_weight", "round_to_grid"]
+__all__ = [
+    "MAX_LEAF_UNITS",
+    "MAX_NOISE_SCALE",
+    "RELEASE_GRID",
+    "ConsistentNoise",
+    "exact_range_problem",
+    "layer_weight",
+    "round_to_grid",
+]
 
 RELEASE_GRID = 1024.0  # releases are multiples of 1/1024 quantized units
 _CHUNK_LEAVES = 4096  # bulk work is done on subtrees of at most this many leaves
+MAX_LEAF_UNITS = 2**36  # largest true leaf sum (quantized units) accepted: see exact_range_problem
+MAX_NOISE_SCALE = 2**36  # largest node-noise scale the exact sampler takes (operators.noise)
+
+
+def exact_range_problem(bound_units: float, epsilon: float, fanout: int, height: int) -> str | None:
+    """Why a configuration is outside the range where the rounding argument is exact, or None.
+
+    A release of a leaf is ``S + round_to_grid(c)``: ``S`` the true leaf sum (an integer, at most ``B/res * b^(h-1)``
+    units since a leaf covers at most ``b^(h-1)`` ticks) and ``c`` the consistent noise, computed from the noise only
+    and rounded to multiples of 2^-10. The sum is exact in float64 while ``|S| + |c| < 2^43`` (53 bits minus the 10
+    of the grid). We require ``|S| <= 2^36``; the noise scale is at most ``B/res * h / eps <= 2^36`` (the sampler's
+    range), so ``|c| >= 2^42`` has probability below ``exp(-64)`` per node. Within this range the coupled noise
+    (node noise shifted along one leaf's path by that leaf's change) leaves every other leaf's rounded noise
+    unchanged in all our measurements (tests/test_grid_range.py).
+    """
+    leaf_units = bound_units * fanout ** (height - 1)
+    if leaf_units > MAX_LEAF_UNITS:
+        return (
+            f"bound / resolution * fanout^(h-1) = {leaf_units:.4g} exceeds 2^36: leaf sums would not be exact on the "
+            "1/1024 release grid in float64 (raise resolution, lower bound or query_range)"
+        )
+    scale = bound_units * height / epsilon
+    if scale > MAX_NOISE_SCALE or 1.0 / epsilon < 2.0**-10:
+        return (
+            f"noise scale bound / resolution * h / epsilon = {scale:.4g} is outside [2^-10, 2^36], the range of the "
+            "exact discrete Laplace sampler (raise epsilon or resolution, or lower bound)"
+        )
+    return None
 
 
 def layer_weight(height: int, fanout: int) -> float:
