@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from operators import ToPS, ToPSConfig  # noqa: E402
 from operators.evaluation import range_query_errors, summarize  # noqa: E402
-from operators.noise import Domain, KeyedGenerator  # noqa: E402
+from operators.noise import DiscreteLaplace, Domain, KeyedGenerator  # noqa: E402
 from stream import datasets  # noqa: E402
 from stream.inputs import read_stream  # noqa: E402
 
@@ -113,7 +112,7 @@ def utility() -> dict:
         rel = op.process(x)[M:]
         theta = int(op.theta)
         flat = np.minimum(truth, theta) + KeyedGenerator(bytes(32)).discrete_laplace(
-            int(Domain.BASELINE), 0, 0, R, math.exp(-eps / theta)
+            int(Domain.BASELINE), 0, 0, R, DiscreteLaplace(epsilon=eps, sensitivity=theta)
         )
         row = {"theta": theta, "s": op.smoother_layers}
         for name, est in (("ToPS", rel), ("flat Laplace", flat), ("always zero", np.zeros(R))):

@@ -144,9 +144,14 @@ class ToPSConfig:
             msg = f"bound must be a finite number above lower ({self.lower}); got {self.bound!r}"
             raise ConfigError(msg)
         check_positive("resolution", self.resolution)
-        if self.span / self.resolution > 2**40:
-            msg = "(bound - lower) / resolution must stay below 2^40 so that sums are exact in float64"
-            raise ConfigError(msg)
+        if self.span >= self.resolution and type(self.fanout) is int and type(self.query_range) is int:
+            from operators.hierarchy import exact_range_problem
+
+            b = max(self.fanout, 2)
+            h = tree_height(max(self.query_range, 2), b)
+            problem = exact_range_problem(self.span / self.resolution, self.epsilon, b, h)
+            if problem:
+                raise ConfigError(problem)
         if self.span < self.resolution:
             msg = f"bound - lower must be at least one resolution step ({self.resolution})"
             raise ConfigError(msg)

@@ -39,7 +39,7 @@ import numpy as np
 
 from operators.config import tree_height
 from operators.hierarchy import layer_weight
-from operators.noise import discrete_laplace_parameter, discrete_laplace_variance
+from operators.noise import DiscreteLaplace
 
 __all__ = ["LINEAR_SMOOTHERS", "NoiseModel", "consistent_leaf_variance_weights", "prediction_coefficients"]
 
@@ -163,7 +163,7 @@ class NoiseModel:
     @property
     def node_variance(self) -> float:
         """``sigma^2 = 2a / (1 - a)^2``, ``a = exp(-(eps / L) / theta)``, in quantized units squared."""
-        return discrete_laplace_variance(discrete_laplace_parameter(self.epsilon / self.layers, self.theta_units))
+        return DiscreteLaplace(self.epsilon / self.layers, self.theta_units).variance
 
     def leaf_coefficients(self, released: np.ndarray) -> dict[int, float]:
         """``c_k`` of Eq. (1) for the sum of the releases at ``released`` (indices counted from the first released

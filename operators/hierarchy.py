@@ -17,10 +17,11 @@ subtrees is produced in bulk (bottom-up then top-down over the whole subtree). E
 the same compiled arithmetic in the same order whatever the path, so the output equals the whole-tree computation
 bit for bit, however the ticks are batched.
 
->>> from operators.noise import KeyedGenerator
->>> walk = ConsistentNoise(KeyedGenerator(bytes(32)), fanout=4, layers=3, top_nodes=4, a=0.5)
+>>> from operators.noise import DiscreteLaplace, KeyedGenerator
+>>> dl = DiscreteLaplace(epsilon=0.7, sensitivity=1)
+>>> walk = ConsistentNoise(KeyedGenerator(bytes(32)), fanout=4, layers=3, top_nodes=4, noise=dl)
 >>> one_by_one = np.concatenate([walk.next_leaves(1) for _ in range(64)])
->>> walk2 = ConsistentNoise(KeyedGenerator(bytes(32)), fanout=4, layers=3, top_nodes=4, a=0.5)
+>>> walk2 = ConsistentNoise(KeyedGenerator(bytes(32)), fanout=4, layers=3, top_nodes=4, noise=dl)
 >>> bool((walk2.next_leaves(64) == one_by_one).all())     # batching never changes a bit
 True
 >>> walk.tree, walk.leaf                                   # one tree of 4 * 4^2 leaves done
@@ -33,12 +34,48 @@ from __future__ import annotations
 
 import numpy as np
 
-from operators.noise import Domain, KeyedGenerator
+from operators.noise import DiscreteLaplace, Domain, KeyedGenerator
 
-__all__ = ["RELEASE_GRID", "ConsistentNoise", "layer_weight", "round_to_grid"]
+__all__ = [
+    "MAX_LEAF_UNITS",
+    "MAX_NOISE_SCALE",
+    "RELEASE_GRID",
+    "ConsistentNoise",
+    "exact_range_problem",
+    "layer_weight",
+    "round_to_grid",
+]
 
 RELEASE_GRID = 1024.0  # releases are multiples of 1/1024 quantized units
 _CHUNK_LEAVES = 4096  # bulk work is done on subtrees of at most this many leaves
+MAX_LEAF_UNITS = 2**36  # largest true leaf sum (quantized units) accepted: see exact_range_problem
+MAX_NOISE_SCALE = 2**36  # largest node-noise scale the exact sampler takes (operators.noise)
+
+
+def exact_range_problem(bound_units: float, epsilon: float, fanout: int, height: int) -> str | None:
+    """Why a configuration is outside the range where the rounding argument is exact, or None.
+
+    A release of a leaf is ``S + round_to_grid(c)``: ``S`` the true leaf sum (an integer, at most ``B/res * b^(h-1)``
+    units since a leaf covers at most ``b^(h-1)`` ticks) and ``c`` the consistent noise, computed from the noise only
+    and rounded to multiples of 2^-10. The sum is exact in float64 while ``|S| + |c| < 2^43`` (53 bits minus the 10
+    of the grid). We require ``|S| <= 2^36``; the noise scale is at most ``B/res * h / eps <= 2^36`` (the sampler's
+    range), so ``|c| >= 2^42`` has probability below ``exp(-64)`` per node. Within this range the coupled noise
+    (node noise shifted along one leaf's path by that leaf's change) leaves every other leaf's rounded noise
+    unchanged in all our measurements (tests/test_grid_range.py).
+    """
+    leaf_units = bound_units * fanout ** (height - 1)
+    if leaf_units > MAX_LEAF_UNITS:
+        return (
+            f"bound / resolution * fanout^(h-1) = {leaf_units:.4g} exceeds 2^36: leaf sums would not be exact on the "
+            "1/1024 release grid in float64 (raise resolution, lower bound or query_range)"
+        )
+    scale = bound_units * height / epsilon
+    if scale > MAX_NOISE_SCALE or 1.0 / epsilon < 2.0**-10:
+        return (
+            f"noise scale bound / resolution * h / epsilon = {scale:.4g} is outside [2^-10, 2^36], the range of the "
+            "exact discrete Laplace sampler (raise epsilon or resolution, or lower bound)"
+        )
+    return None
 
 
 def layer_weight(height: int, fanout: int) -> float:
@@ -84,8 +121,8 @@ class ConsistentNoise:
         L = h - s, the layers kept in the tree.
     top_nodes
         R, the nodes of the top layer (each a subtree root).
-    a
-        Discrete Laplace parameter of every node's noise (``exp(-(eps / L) / sensitivity)``).
+    noise
+        The discrete Laplace of every node's noise (``epsilon = eps / L``, ``sensitivity`` = theta in units).
     """
 
     def __init__(
@@ -95,7 +132,7 @@ class ConsistentNoise:
         fanout: int,
         layers: int,
         top_nodes: int,
-        a: float,
+        noise: DiscreteLaplace,
         tree: int = 0,
         leaf: int = 0,
     ) -> None:
@@ -103,7 +140,7 @@ class ConsistentNoise:
         self.b = fanout
         self.layers = layers
         self.top_nodes = top_nodes
-        self.a = a
+        self.noise = noise
         self.leaves_per_tree = top_nodes * fanout ** (layers - 1)
         self._weights = [layer_weight(j + 1, fanout) for j in range(layers)]
         self.tree = tree
@@ -130,7 +167,7 @@ class ConsistentNoise:
     # -- noise --------------------------------------------------------------------------------------------------
     def _raw(self, layer: int, start: int, count: int) -> np.ndarray:
         domain = (int(Domain.HIERARCHY) << 16) | layer
-        return self._gen.discrete_laplace(domain, self.tree, start, count, self.a)
+        return self._gen.discrete_laplace(domain, self.tree, start, count, self.noise)
 
     def _subtree_z(self, j: int, i0: int, n: int) -> np.ndarray:
         """Bottom-up ``z`` of nodes ``[i0, i0 + n)`` of layer ``j`` (regenerates their whole subtrees)."""

@@ -8,24 +8,50 @@ budget twice (``../shared/DESIGN.md``, "Noise and secrets").
 
 Samples are drawn in bulk (one cipher call per contiguous range) and turned into integers by vectorized numpy.
 
-Discrete Laplace (two-sided geometric) with parameter ``a = exp(-eps / sensitivity)``, sensitivity in quantized
-units::
+Discrete Laplace (two-sided geometric) of scale ``sensitivity / epsilon``, sensitivity in quantized units::
 
-    P(X = k) = (1 - a) / (1 + a) * a^|k|,      Var[X] = 2a / (1 - a)^2.
+    P(X = k) = (1 - a) / (1 + a) * a^|k|,   a = exp(-epsilon / sensitivity),   Var[X] = 2a / (1 - a)^2.
 
-One 64-bit word gives one sample: the top bit is the sign, 53 of the remaining bits a uniform ``U`` in (0, 1),
-and ``|X| = floor(log(U (1 + a) / 2) / log a)``, the inverse of ``P(|X| >= k) = 2 a^k / (1 + a)`` for ``k >= 1``.
-The uniform's resolution (2^-54) cuts the tail at about 37 noise scales, an event of probability below 2^-53.
+**Exact sampling** (Canonne, Kamath, Steinke 2020, "The Discrete Gaussian for Differential Privacy", Algorithms 1
+and 2, as OpenDP does): only integer arithmetic and random bits, no floating point, no ``log``.
+
+* The scale is a rational ``t / s`` with ``t = 2^m``: ``m = 20 + max(0, ceil(log2 scale))`` and
+  ``s = floor(2^m / scale)`` computed exactly (``fractions.Fraction`` of the float epsilon and sensitivity). So
+  ``t / s >= scale``: the noise is never smaller than asked, and the *effective* epsilon
+  ``sensitivity * s / 2^m`` is at most the configured one and at least ``epsilon * (1 - 2^-20)``
+  (:attr:`DiscreteLaplace.effective_epsilon`). Scales outside ``[2^-10, 2^36]`` are refused.
+* ``Bernoulli(p)`` for rational ``p = n / d``: compare the random bits, 8 at a time, with the binary expansion of
+  ``p`` (long division); the first differing chunk decides (``U < p``), so it is exact with probability 1.
+* ``Bernoulli(exp(-gamma))`` for ``gamma = u / 2^m`` in ``[0, 1)`` (Algorithm 1): ``K = 1, 2, ...`` while
+  ``Bernoulli(gamma / K)`` succeeds, where ``Bernoulli(gamma / K) = Bernoulli(1 / K) and Bernoulli(gamma)`` for
+  ``K >= 2``; return whether the final ``K`` is odd. ``Bernoulli(exp(-1))`` is the same with ``gamma = 1``.
+* Magnitude (Algorithm 2): ``u`` uniform in ``[0, 2^m)`` (``m`` raw bits, no rejection needed) until
+  ``Bernoulli(exp(-u / 2^m))`` accepts; ``V`` = the number of successes of ``Bernoulli(exp(-1))`` before the first
+  failure; ``Y = floor((u + 2^m V) / s)``, which is geometric with ``P(Y >= y) = exp(-y s / 2^m)``.
+* Sign: one bit ``b``; ``(b = 1, Y = 0)`` is rejected and the sample starts again; else ``X = (1 - 2b) Y``.
+
+**Keystream layout (addressable).** Sample ``i`` of ``(domain, address)`` reads its random bits, most significant
+first, from the 8 little-endian 64-bit words ``[8 i, 8 i + 8)`` (one 64-byte ChaCha20 block) of the keystream of
+``(domain, address)``, then, if it needs more than those 512 bits (a few in a million samples), continues with
+the keystream of an *overflow key*: ``k_o = ChaCha20(k, domain 0xFFFFFFFF, address 0)[:32]`` (a domain no draw
+uses), ``k_{d,a} = ChaCha20(k_o, domain d, address a)[:32]``, whose keystream at nonce address ``i`` belongs to
+sample ``i`` alone. A sample is thus a deterministic function of ``(key, domain, address, i)`` whatever range a
+call asks for, and its bits are an infinite sequence of independent fair bits, so the output is exactly the
+discrete Laplace (the samples that run past the 512 bits are recomputed from the start on the longer sequence,
+which reads the same bits in the same order). The kernel is vectorized numpy (no compile or load cost).
 
 Examples
 --------
 >>> gen = KeyedGenerator(bytes(range(32)))
->>> x = gen.discrete_laplace(Domain.HIERARCHY, address=0, start=0, count=5, a=0.5)
+>>> dl = DiscreteLaplace(epsilon=0.5, sensitivity=1)
+>>> x = gen.discrete_laplace(Domain.HIERARCHY, address=0, start=0, count=5, noise=dl)
 >>> x.dtype, len(x)
 (dtype('int64'), 5)
->>> bool((x == gen.discrete_laplace(Domain.HIERARCHY, 0, 0, 5, 0.5)).all())   # addressable: same draw again
+>>> bool((x == gen.discrete_laplace(Domain.HIERARCHY, 0, 0, 5, dl)).all())   # addressable: same draw again
 True
->>> bool((x[2:] == gen.discrete_laplace(Domain.HIERARCHY, 0, 2, 3, 0.5)).all())  # any sub-range
+>>> bool((x[2:] == gen.discrete_laplace(Domain.HIERARCHY, 0, 2, 3, dl)).all())  # any sub-range
+True
+>>> dl.effective_epsilon <= 0.5 < dl.effective_epsilon * (1 + 2**-20)
 True
 """
 
@@ -34,15 +60,16 @@ from __future__ import annotations
 import enum
 import math
 import os
+from fractions import Fraction
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 __all__ = [
     "KEY_BYTES",
+    "DiscreteLaplace",
     "Domain",
     "KeyedGenerator",
-    "discrete_laplace_parameter",
     "discrete_laplace_variance",
     "new_key",
 ]
@@ -67,12 +94,71 @@ def new_key() -> bytes:
     return os.urandom(KEY_BYTES)
 
 
-def discrete_laplace_parameter(epsilon: float, sensitivity: float) -> float:
-    """``a = exp(-epsilon / sensitivity)`` of the discrete Laplace that is ``epsilon``-DP for that sensitivity."""
-    if epsilon <= 0 or sensitivity <= 0:
-        msg = "epsilon and sensitivity must be positive"
-        raise ValueError(msg)
-    return math.exp(-epsilon / sensitivity)
+class DiscreteLaplace:
+    """The discrete Laplace of scale ``sensitivity / epsilon`` (``epsilon``-DP for that sensitivity), as the exact
+    sampler draws it: scale rounded up to ``2^m / s`` (module docstring).
+
+    >>> DiscreteLaplace(epsilon=1.0, sensitivity=3).scale_fraction
+    Fraction(4194304, 1398101)
+    """
+
+    __slots__ = ("a", "effective_epsilon", "epsilon", "log2_t", "q", "r", "s", "scale", "scale_fraction", "sensitivity")
+
+    def __init__(self, epsilon: float, sensitivity: float) -> None:
+        if not _positive_finite(epsilon) or not _positive_finite(sensitivity):
+            msg = "epsilon and sensitivity must be positive finite numbers"
+            raise ValueError(msg)
+        scale = Fraction(sensitivity) / Fraction(epsilon)
+        if not _MIN_SCALE <= scale <= _MAX_SCALE:
+            msg = "discrete Laplace scale sensitivity / epsilon must be in [2^-10, 2^36]"
+            raise ValueError(msg)
+        m = _PRECISION_BITS + max(0, _ceil_log2(scale))
+        s = (Fraction(1 << m) / scale).__floor__()
+        self.epsilon = float(epsilon)
+        self.sensitivity = float(sensitivity)
+        self.log2_t = m
+        self.s = s
+        self.q, self.r = divmod(1 << m, s)
+        self.scale_fraction = Fraction(1 << m, s)
+        self.scale = float(self.scale_fraction)
+        self.effective_epsilon = float(Fraction(sensitivity) / self.scale_fraction)
+        self.a = math.exp(-s / (1 << m))
+
+    def __repr__(self) -> str:
+        return f"DiscreteLaplace(epsilon={self.epsilon!r}, sensitivity={self.sensitivity!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DiscreteLaplace) and (self.log2_t, self.s) == (other.log2_t, other.s)
+
+    def __hash__(self) -> int:
+        return hash((self.log2_t, self.s))
+
+    @property
+    def variance(self) -> float:
+        """``2a / (1 - a)^2`` of the distribution actually sampled (``a = exp(-s / 2^m)``)."""
+        return discrete_laplace_variance(self.a)
+
+    def pmf(self, k: np.ndarray | int) -> np.ndarray:
+        """``(1 - a) / (1 + a) a^|k|`` of the distribution actually sampled (float, for tests)."""
+        k = np.abs(np.asarray(k, dtype=np.float64))
+        x = self.s / (1 << self.log2_t)
+        return -np.expm1(-x) / (1.0 + math.exp(-x)) * np.exp(-x * k)
+
+
+def _positive_finite(x: object) -> bool:
+    return (
+        not isinstance(x, bool) and isinstance(x, int | float) and math.isfinite(x) and x > 0
+    )
+
+
+def _ceil_log2(x: Fraction) -> int:
+    """The least integer ``k`` with ``2^k >= x``, exactly."""
+    k = x.numerator.bit_length() - x.denominator.bit_length()
+    while Fraction(2) ** k < x:
+        k += 1
+    while Fraction(2) ** (k - 1) >= x:
+        k -= 1
+    return k
 
 
 def discrete_laplace_variance(a: float) -> float:
@@ -80,14 +166,201 @@ def discrete_laplace_variance(a: float) -> float:
     return 2.0 * a / (1.0 - a) ** 2
 
 
-_MASK53 = np.uint64((1 << 53) - 1)
+_PRECISION_BITS = 20  # t / s carries >= 20 significant bits: effective epsilon >= epsilon (1 - 2^-20)
+_MIN_SCALE = Fraction(1, 1 << 10)
+_MAX_SCALE = Fraction(1 << 36)  # so that m <= 56 and the long division r << 8 stays below 2^64
+_BUDGET_WORDS = 8  # one ChaCha20 block of random bits per sample in the main keystream
+_CHUNK = 8  # bits compared at a time in a Bernoulli
+_OVERFLOW_DOMAIN = 0xFFFFFFFF
+_MAX_V = 1 << 20  # beyond this, Y could overflow int64; probability exp(-2^20)
+_U64 = np.uint64
 
 
-def _words_to_discrete_laplace(words: np.ndarray, a: float) -> np.ndarray:
-    """One discrete Laplace sample per 64-bit word (vectorized; see the module docstring)."""
-    u = (((words >> np.uint64(10)) & _MASK53).astype(np.float64) + 0.5) * _U53
-    k = np.floor(np.log(u * (0.5 * (1.0 + a))) / math.log(a)).astype(np.int64)
-    return np.where((words >> np.uint64(63)) != 0, -k, k)
+class _Bits:
+    """Per-sample random bit sequences read MSB first, each with its own cursor; reading past a sequence's end
+    marks the sample as overflowed (its result is discarded and recomputed on a longer sequence)."""
+
+    __slots__ = ("cur", "nbits", "ovf", "stride", "words")
+
+    def __init__(self, words: np.ndarray, per_sample: int) -> None:
+        n = words.size // per_sample
+        padded = np.zeros((n, per_sample + 1), dtype=np.uint64)
+        padded[:, :per_sample] = words.reshape(n, per_sample)
+        self.words = padded.reshape(-1)
+        self.stride = per_sample + 1
+        self.nbits = 64 * per_sample
+        self.cur = np.zeros(n, dtype=np.int64)
+        self.ovf = np.zeros(n, dtype=bool)
+
+    def take(self, idx: np.ndarray, k: int) -> np.ndarray:
+        """The next ``k`` (1..64) bits of each sample in ``idx`` as unsigned integers."""
+        c = self.cur[idx]
+        end = c + k
+        over = end > self.nbits
+        if over.any():
+            self.ovf[idx[over]] = True
+            c = np.where(over, 0, c)
+        self.cur[idx] = end
+        flat = idx * self.stride + (c >> 6)
+        off = (c & 63).astype(np.uint64)
+        window = (self.words[flat] << off) | ((self.words[flat + 1] >> _U64(1)) >> (_U64(63) - off))
+        return window >> _U64(64 - k)
+
+    def live(self, idx: np.ndarray) -> np.ndarray:
+        return ~self.ovf[idx]
+
+
+def _bernoulli(bits: _Bits, idx: np.ndarray, n, d: int) -> np.ndarray:
+    """Bernoulli(n / d) for ``0 <= n < d < 2^56`` (``n`` an array or a scalar), exact: compare ``_CHUNK`` random
+    bits at a time with the binary expansion of ``n / d`` (long division) until they differ."""
+    res = np.zeros(idx.size, dtype=bool)
+    pos = np.arange(idx.size)
+    r = np.broadcast_to(np.asarray(n, dtype=np.uint64), idx.shape).copy()
+    dd = _U64(d)
+    while pos.size:
+        rand = bits.take(idx[pos], _CHUNK)
+        num = r << _U64(_CHUNK)
+        p = num // dd
+        r = num - p * dd
+        lt = rand < p
+        res[pos[lt]] = True
+        cont = (rand == p) & bits.live(idx[pos])
+        pos, r = pos[cont], r[cont]
+    return res
+
+
+def _bernoulli_exp(bits: _Bits, idx: np.ndarray, u: np.ndarray | None, m: int) -> np.ndarray:
+    """Bernoulli(exp(-gamma)), gamma = u / 2^m in [0, 1) (or gamma = 1 when ``u`` is None): CKS Algorithm 1."""
+    res = np.zeros(idx.size, dtype=bool)
+    pos = np.arange(idx.size)
+    k = 1
+    if u is None:  # gamma = 1: Bernoulli(1 / 1) always succeeds
+        k = 2
+    while pos.size:
+        sub = idx[pos]
+        if u is None:
+            a = _bernoulli(bits, sub, 1, k)
+        elif k == 1:
+            a = _bernoulli(bits, sub, u[pos], 1 << m)
+        else:
+            a = _bernoulli(bits, sub, 1, k)
+            more = np.flatnonzero(a & bits.live(sub))
+            if more.size:
+                a[more] = _bernoulli(bits, sub[more], u[pos[more]], 1 << m)
+        res[pos[~a]] = k % 2 == 1
+        pos = pos[a & bits.live(sub)]
+        k += 1
+    return res
+
+
+def _geometric(bits: _Bits, idx: np.ndarray, dl: DiscreteLaplace) -> np.ndarray:
+    """``Y`` with ``P(Y >= y) = exp(-y s / 2^m)``: ``Y = floor(X / s)`` with ``X`` geometric of parameter
+    ``exp(-1 / 2^m)`` (CKS Algorithm 2) when ``s < 2^m``, else the number of successes of
+    ``Bernoulli(exp(-s / 2^m))`` before the first failure (cheaper when most samples are 0)."""
+    m = dl.log2_t
+    if dl.s >= 1 << m:
+        return _geometric_slow(bits, idx, dl)
+    u_acc = np.zeros(idx.size, dtype=np.uint64)
+    pos = np.arange(idx.size)
+    while pos.size:
+        sub = idx[pos]
+        u = bits.take(sub, m)
+        live = bits.live(sub)
+        pos, u, sub = pos[live], u[live], sub[live]
+        d = _bernoulli_exp(bits, sub, u, m)
+        ok = d & bits.live(sub)
+        u_acc[pos[ok]] = u[ok]
+        pos = pos[~d & bits.live(sub)]
+    v = np.zeros(idx.size, dtype=np.int64)
+    pos = np.flatnonzero(bits.live(idx))
+    while pos.size:
+        sub = idx[pos]
+        b = _bernoulli_exp(bits, sub, None, m) & bits.live(sub)
+        v[pos[b]] += 1
+        pos = pos[b]
+        if pos.size and int(v[pos].max()) > _MAX_V:  # probability exp(-2^20): never, but never wrong either
+            msg = "discrete Laplace sample beyond the int64 range"
+            raise OverflowError(msg)
+    vu = v.astype(np.uint64)
+    y = _U64(dl.q) * vu + (u_acc + _U64(dl.r) * vu) // _U64(dl.s)
+    return y.astype(np.int64)
+
+
+def _geometric_slow(bits: _Bits, idx: np.ndarray, dl: DiscreteLaplace) -> np.ndarray:
+    """Successes of ``Bernoulli(exp(-x))``, ``x = s / 2^m >= 1``, before the first failure; ``Bernoulli(exp(-x))``
+    is ``floor(x)`` successes of ``Bernoulli(exp(-1))`` then ``Bernoulli(exp(-frac(x)))`` (CKS Algorithm 1)."""
+    m = dl.log2_t
+    whole, frac = divmod(dl.s, 1 << m)
+    y = np.zeros(idx.size, dtype=np.int64)
+    pos = np.flatnonzero(bits.live(idx))
+    while pos.size:
+        ok = np.ones(pos.size, dtype=bool)
+        for _ in range(whole):
+            at = np.flatnonzero(ok)
+            if not at.size:
+                break
+            ok[at] = _bernoulli_exp(bits, idx[pos[at]], None, m)
+        at = np.flatnonzero(ok)
+        if at.size and frac:
+            ok[at] = _bernoulli_exp(bits, idx[pos[at]], np.full(at.size, frac, dtype=np.uint64), m)
+        ok &= bits.live(idx[pos])
+        y[pos[ok]] += 1
+        pos = pos[ok]
+        if pos.size and int(y[pos].max()) > _MAX_V:
+            msg = "discrete Laplace sample beyond the int64 range"
+            raise OverflowError(msg)
+    return y
+
+
+def _sample(bits: _Bits, n: int, dl: DiscreteLaplace) -> np.ndarray:
+    """Discrete Laplace samples (CKS Algorithm 2) for the ``n`` bit sequences of ``bits``; see ``bits.ovf``."""
+    out = np.zeros(n, dtype=np.int64)
+    pos = np.arange(n)
+    while pos.size:
+        sign = bits.take(pos, 1)
+        y = _geometric(bits, pos, dl)
+        live = bits.live(pos)
+        reject = (sign == 1) & (y == 0)
+        done = live & ~reject
+        out[pos[done]] = np.where(sign[done] == 1, -y[done], y[done])
+        pos = pos[live & reject]
+    return out
+
+
+# The compiled twin of _sample (operators/_dlap_kernel.py: the same algorithm on the same bits, so the same samples)
+# is loaded once a process has made _COMPILE_AFTER draws: numba's import (0.2-0.6 s) would dominate a short command
+# such as a replay of a million ticks (about 20 draws), while the numpy version costs about a millisecond per draw,
+# too much for the many small draws of a daemon's or an audit's hierarchy walks. TOPS_NOISE_KERNEL=numpy|numba
+# forces one of them (tests compare both).
+_COMPILE_AFTER = 32
+_kernel_state: dict[str, object] = {"calls": 0, "sample": None}
+
+
+def _kernel():
+    forced = os.environ.get("TOPS_NOISE_KERNEL", "")
+    if forced == "numpy":
+        return None
+    st = _kernel_state
+    if st["sample"] is None:
+        st["calls"] = int(st["calls"]) + 1
+        if forced == "numba" or int(st["calls"]) > _COMPILE_AFTER:
+            from operators._dlap_kernel import sample
+
+            st["sample"] = sample
+    return st["sample"]
+
+
+def _sample_fast(bits: _Bits, n: int, dl: DiscreteLaplace) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_sample` (and its overflow marks), by the compiled kernel once it is loaded."""
+    kernel = _kernel()
+    if kernel is None:
+        return _sample(bits, n, dl), bits.ovf
+    out = np.zeros(n, dtype=np.int64)
+    ovf = np.zeros(n, dtype=bool)
+    if not kernel(bits.words, bits.stride - 1, dl.log2_t, dl.s, dl.q, dl.r, out, ovf):
+        msg = "discrete Laplace sample beyond the int64 range"
+        raise OverflowError(msg)
+    return out, ovf
 
 
 def _words_to_uniform(words: np.ndarray) -> np.ndarray:
@@ -95,12 +368,21 @@ def _words_to_uniform(words: np.ndarray) -> np.ndarray:
     return ((words >> np.uint64(11)).astype(np.float64) + 0.5) * _U53
 
 
+_SAMPLES_PER_CALL = 1 << 16  # bound the memory of one vectorized pass (8 words per sample)
+
+
+def _keystream(key: bytes, block0: int, domain: int, address: int, nblocks: int) -> bytes:
+    """``nblocks`` ChaCha20 blocks from ``block0`` of the keystream of ``(key, domain, address)``."""
+    nonce = block0.to_bytes(4, "little") + int(domain).to_bytes(4, "little") + int(address).to_bytes(8, "little")
+    return Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor().update(bytes(nblocks * 64))
+
+
 class KeyedGenerator:
     """ChaCha20 keyed by a 256-bit stream secret; draws are addressed, never sequential state.
 
     The 16-byte ChaCha20 nonce of the ``cryptography`` package is a 4-byte little-endian block counter followed
-    by 12 bytes that we fill with the domain (4 bytes) and the address (8 bytes). Sample ``i`` of an address is
-    the 64-bit word ``i`` of that keystream.
+    by 12 bytes that we fill with the domain (4 bytes) and the address (8 bytes). Word ``i`` of an address is
+    the 64-bit word ``i`` of that keystream; discrete Laplace sample ``i`` owns words ``[8 i, 8 i + 8)``.
     """
 
     __slots__ = ("_key",)
@@ -122,7 +404,7 @@ class KeyedGenerator:
         """The 64-bit words ``[start, start + count)`` of the keystream of ``(domain, address)``."""
         if count <= 0:
             return np.empty(0, dtype=np.uint64)
-        if start < 0 or not 0 <= domain < 1 << 32 or not 0 <= address < 1 << 64:
+        if start < 0 or not 0 <= domain < _OVERFLOW_DOMAIN or not 0 <= address < 1 << 64:
             msg = "noise address out of range"
             raise ValueError(msg)
         block0, skip = divmod(start, _WORDS_PER_BLOCK)
@@ -130,22 +412,56 @@ class KeyedGenerator:
         if block0 + nblocks > _MAX_BLOCKS:
             msg = "noise address out of range"
             raise ValueError(msg)
-        nonce = (
-            block0.to_bytes(4, "little")
-            + int(domain).to_bytes(4, "little")
-            + int(address).to_bytes(8, "little")
-        )
-        enc = Cipher(algorithms.ChaCha20(self._key, nonce), mode=None).encryptor()
-        stream = enc.update(bytes(nblocks * 64))
+        stream = _keystream(self._key, block0, domain, address, nblocks)
         return np.frombuffer(stream, dtype="<u8")[skip : skip + count].astype(np.uint64, copy=False)
 
     def uniforms(self, domain: int, address: int, start: int, count: int) -> np.ndarray:
         """Uniform floats in (0, 1) with 53 random bits each (never exactly 0 or 1)."""
         return _words_to_uniform(self.words(domain, address, start, count))
 
-    def discrete_laplace(self, domain: int, address: int, start: int, count: int, a: float) -> np.ndarray:
-        """Integer discrete Laplace samples with parameter ``a`` (see the module docstring)."""
-        if not 0.0 < a < 1.0:
-            msg = "discrete Laplace parameter a must be in (0, 1)"
-            raise ValueError(msg)
-        return _words_to_discrete_laplace(self.words(domain, address, start, count), a)
+    def discrete_laplace(
+        self, domain: int, address: int, start: int, count: int, noise: DiscreteLaplace, *, _budget: int = 0
+    ) -> np.ndarray:
+        """Samples ``[start, start + count)`` of the exact discrete Laplace ``noise`` at ``(domain, address)``
+        (layout and algorithm in the module docstring). ``_budget`` (tests only) shrinks the per-sample budget of
+        main-stream words to force the overflow path; the samples are then other draws of the same distribution.
+        """
+        if not isinstance(noise, DiscreteLaplace):
+            msg = "noise must be a DiscreteLaplace(epsilon=..., sensitivity=...)"
+            raise TypeError(msg)
+        if count <= 0:
+            return np.empty(0, dtype=np.int64)
+        per = _budget or _BUDGET_WORDS
+        out = np.empty(count, dtype=np.int64)
+        for c0 in range(0, count, _SAMPLES_PER_CALL):
+            c = min(_SAMPLES_PER_CALL, count - c0)
+            words = self.words(domain, address, per * (start + c0), per * c)
+            bits = _Bits(words, per)
+            part, ovf = _sample_fast(bits, c, noise)
+            over = np.flatnonzero(ovf)
+            if over.size:
+                main = words.reshape(c, per)[over]
+                part[over] = self._overflow_samples(domain, address, start + c0 + over, main, noise)
+            out[c0 : c0 + c] = part
+        return out
+
+    def _overflow_samples(
+        self, domain: int, address: int, index: np.ndarray, main: np.ndarray, noise: DiscreteLaplace
+    ) -> np.ndarray:
+        """Samples ``index`` recomputed from the start on their main words followed by their own overflow
+        keystreams (module docstring), with ever longer sequences until none runs out."""
+        k_o = _keystream(self._key, 0, _OVERFLOW_DOMAIN, 0, 1)[:KEY_BYTES]
+        k_da = _keystream(k_o, 0, domain, address, 1)[:KEY_BYTES]
+        out = np.empty(index.size, dtype=np.int64)
+        todo = np.arange(index.size)
+        blocks = 8
+        while todo.size:
+            extra = [
+                np.frombuffer(_keystream(k_da, 0, 0, int(i), blocks), dtype="<u8") for i in index[todo].tolist()
+            ]
+            seq = np.concatenate([main[todo], np.array(extra, dtype=np.uint64)], axis=1)
+            bits = _Bits(seq.reshape(-1), seq.shape[1])
+            out[todo] = _sample(bits, todo.size, noise)
+            todo = todo[bits.ovf]
+            blocks *= 4
+        return out

@@ -31,7 +31,7 @@ import numpy as np
 
 from operators.config import ToPSConfig
 from operators.hierarchy import ConsistentNoise
-from operators.noise import Domain, KeyedGenerator, discrete_laplace_parameter
+from operators.noise import DiscreteLaplace, Domain, KeyedGenerator
 from operators.smoother import SmootherState, release_ticks
 from operators.threshold import (
     candidate_grid,
@@ -146,13 +146,13 @@ class ToPS:
             s = min(smoother_layers(cfg.epsilon, cfg.query_range, cfg.fanout), cfg.height - 1)
         self.smoother_layers = s
         layers = cfg.height - s
-        a = discrete_laplace_parameter(cfg.epsilon / layers, theta_units)
+        noise = DiscreteLaplace(epsilon=cfg.epsilon / layers, sensitivity=theta_units)
         self._noise = ConsistentNoise(
             self._gen,
             fanout=cfg.fanout,
             layers=layers,
             top_nodes=cfg.query_range // cfg.fanout ** (cfg.height - 1),
-            a=a,
+            noise=noise,
         )
         self._smoother = SmootherState.initial(
             cfg.smoother, leaf_ticks=cfg.fanout**s, theta_units=theta_units, window=cfg.window

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from operators.noise import Domain, KeyedGenerator
+from operators.noise import DiscreteLaplace, Domain, KeyedGenerator
 
 
-def whole_tree_noise(gen: KeyedGenerator, *, tree: int, fanout: int, layers: int, top_nodes: int, a: float):
+def whole_tree_noise(
+    gen: KeyedGenerator, *, tree: int, fanout: int, layers: int, top_nodes: int, noise: DiscreteLaplace
+):
     """Raw noise of every node of one tree, layer 0 (leaves) first, drawn in one go per layer."""
     out = []
     for j in range(layers):
         n = top_nodes * fanout ** (layers - 1 - j)
-        out.append(gen.discrete_laplace((int(Domain.HIERARCHY) << 16) | j, tree, 0, n, a).astype(np.float64))
+        out.append(gen.discrete_laplace((int(Domain.HIERARCHY) << 16) | j, tree, 0, n, noise).astype(np.float64))
     return out
 
 
@@ -30,3 +34,8 @@ def hay_offline(noise: list[np.ndarray], fanout: int) -> np.ndarray:
         parent_sum = z[j].reshape(-1, b).sum(axis=1)
         c = z[j] + np.repeat((c - parent_sum) / b, b)
     return c
+
+
+def noise_with_a(a: float) -> DiscreteLaplace:
+    """The discrete Laplace of parameter about ``a`` (``epsilon = -ln a``, sensitivity 1), for shape tests."""
+    return DiscreteLaplace(epsilon=-math.log(a), sensitivity=1)

@@ -147,7 +147,7 @@ def test_hierarchy_node_noise_law() -> None:
     op = Hierarchy(cfg, KEY, fanout=2)
     op.process(x)
     assert op.layers == 10
-    assert op.a == pytest.approx(math.exp(-(0.8 / 10) / 4))
+    assert op.noise.a == pytest.approx(math.exp(-(0.8 / 10) / 4))
     t = np.minimum(x, 4)
     for j, nodes in enumerate(op.node_values()[:5]):
         truth = t.reshape(-1, 2**j).sum(axis=1)
@@ -170,7 +170,7 @@ def test_counter_noise_variance_matches_its_closed_form() -> None:
     cfg = ToPSConfig(epsilon=1.0, bound=10, theta=3, query_range=16)
     op = Counter(cfg, KEY)
     assert (op.levels, op.tree_ticks) == (5, 16)
-    assert op.a == pytest.approx(math.exp(-(1.0 / 5) / 3))
+    assert op.noise.a == pytest.approx(math.exp(-(1.0 / 5) / 3))
     trees = 20_000
     x = np.random.default_rng(6).integers(0, 4, trees * 16).astype(float)
     rel = op.process(x).reshape(trees, 16)

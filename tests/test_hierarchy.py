@@ -7,7 +7,7 @@ import pytest
 
 from operators.hierarchy import ConsistentNoise, round_to_grid
 from operators.noise import KeyedGenerator
-from tests.reference import hay_offline, whole_tree_noise
+from tests.reference import hay_offline, noise_with_a, whole_tree_noise
 
 SHAPES = [(2, 4, 2), (4, 5, 4), (16, 2, 16), (16, 3, 16), (16, 4, 16), (4, 3, 2), (8, 3, 4), (3, 1, 3)]
 
@@ -27,21 +27,21 @@ def test_lazy_equals_offline_two_passes_node_for_node(b: int, layers: int, top: 
     """Every leaf's consistent noise, produced lazily in random batches over two trees, equals the whole-tree
     computation of the same noise to 1e-9 (and exactly after rounding to the release grid)."""
     gen = KeyedGenerator(bytes(range(32)))
-    a = 0.93
+    a = noise_with_a(0.93)
     n = top * b ** (layers - 1)
-    walk = ConsistentNoise(gen, fanout=b, layers=layers, top_nodes=top, a=a)
+    walk = ConsistentNoise(gen, fanout=b, layers=layers, top_nodes=top, noise=a)
     lazy = np.concatenate(
         [walk.next_leaves(k, rounded=False) for k in _batches(2 * n, seed=b * 100 + layers)]
     )
     offline = np.concatenate(
         [
-            hay_offline(whole_tree_noise(gen, tree=t, fanout=b, layers=layers, top_nodes=top, a=a), b)
+            hay_offline(whole_tree_noise(gen, tree=t, fanout=b, layers=layers, top_nodes=top, noise=a), b)
             for t in (0, 1)
         ]
     )
     assert lazy.shape == offline.shape
     np.testing.assert_allclose(lazy, offline, rtol=0, atol=1e-9)
-    walk2 = ConsistentNoise(gen, fanout=b, layers=layers, top_nodes=top, a=a)
+    walk2 = ConsistentNoise(gen, fanout=b, layers=layers, top_nodes=top, noise=a)
     rounded = np.concatenate([walk2.next_leaves(k) for k in _batches(2 * n, seed=7)])
     assert np.array_equal(rounded, round_to_grid(lazy))
 
@@ -49,7 +49,7 @@ def test_lazy_equals_offline_two_passes_node_for_node(b: int, layers: int, top: 
 def test_consistency_holds_on_the_whole_tree() -> None:
     """The consistent leaves of a subtree add up to the consistent value of its root (a check of the reference)."""
     gen = KeyedGenerator(bytes(32))
-    noise = whole_tree_noise(gen, tree=0, fanout=4, layers=3, top_nodes=4, a=0.8)
+    noise = whole_tree_noise(gen, tree=0, fanout=4, layers=3, top_nodes=4, noise=noise_with_a(0.8))
     leaves = hay_offline(noise, 4)
     # the top nodes' consistent value is their bottom-up z; the leaves under each must add up to it
     z1 = 0.8 * 0 + noise[0]  # leaves' z
@@ -63,7 +63,7 @@ def test_consistency_holds_on_the_whole_tree() -> None:
 def test_each_tree_has_fresh_noise() -> None:
     """Tree t + 1 does not repeat tree t: its noise comes from another address of the keyed generator."""
     gen = KeyedGenerator(bytes(32))
-    walk = ConsistentNoise(gen, fanout=4, layers=3, top_nodes=4, a=0.9)
+    walk = ConsistentNoise(gen, fanout=4, layers=3, top_nodes=4, noise=noise_with_a(0.9))
     trees = walk.next_leaves(64 * 3).reshape(3, 64)
     assert not np.array_equal(trees[0], trees[1])
     assert not np.array_equal(trees[1], trees[2])
@@ -73,6 +73,6 @@ def test_each_tree_has_fresh_noise() -> None:
 def test_state_does_not_grow_with_the_range() -> None:
     """O(b h) numbers between calls: the state of r = 2^20 is a few hundred bytes, not the tree."""
     gen = KeyedGenerator(bytes(32))
-    walk = ConsistentNoise(gen, fanout=16, layers=5, top_nodes=16, a=0.99)
+    walk = ConsistentNoise(gen, fanout=16, layers=5, top_nodes=16, noise=noise_with_a(0.99))
     walk.next_leaves(12345)
     assert walk.state_nbytes() < 1024

@@ -11,7 +11,7 @@ import pytest
 from operators import SMOOTHERS, ToPS, ToPSConfig
 from operators.evaluation import range_query_errors, summarize
 from operators.hierarchy import ConsistentNoise
-from operators.noise import Domain, KeyedGenerator, discrete_laplace_variance
+from operators.noise import DiscreteLaplace, Domain, KeyedGenerator, discrete_laplace_variance
 from stream import datasets
 from tests.reference import hay_offline, whole_tree_noise
 
@@ -35,11 +35,12 @@ def test_noise_variance_per_layer_matches_discrete_laplace() -> None:
     op = ToPS(cfg, KEY)
     layers = cfg.height - op.smoother_layers
     a = math.exp(-(cfg.epsilon / layers) / 20)
-    assert op._noise.a == pytest.approx(a, rel=1e-15)
+    assert op._noise.noise == DiscreteLaplace(epsilon=cfg.epsilon / layers, sensitivity=20)
+    assert op._noise.noise.a == pytest.approx(a, rel=1e-6)
     gen = KeyedGenerator(KEY)
     expected = discrete_laplace_variance(a)
     for j in range(layers):
-        x = gen.discrete_laplace((int(Domain.HIERARCHY) << 16) | j, 0, 0, 400_000, a)
+        x = gen.discrete_laplace((int(Domain.HIERARCHY) << 16) | j, 0, 0, 400_000, op._noise.noise)
         assert x.var() == pytest.approx(expected, rel=0.02), f"layer {j}"
         assert abs(x.mean()) < 4 * math.sqrt(expected / x.size)
         assert np.mean(x == 0) == pytest.approx((1 - a) / (1 + a), abs=0.005)
@@ -86,11 +87,11 @@ def test_leaves_sum_to_their_consistent_noisy_sum_across_trees(smoother: str) ->
     leaf_rel = rel.reshape(-1, w).sum(axis=1)
     truth = np.minimum(x, theta).reshape(-1, w).sum(axis=1)
     layers = cfg.height - s
-    a = math.exp(-(cfg.epsilon / layers) / theta)
+    a = DiscreteLaplace(epsilon=cfg.epsilon / layers, sensitivity=theta)
     gen = KeyedGenerator(KEY)
     offline = [
         hay_offline(
-            whole_tree_noise(gen, tree=t, fanout=b, layers=layers, top_nodes=r // b ** (cfg.height - 1), a=a),
+            whole_tree_noise(gen, tree=t, fanout=b, layers=layers, top_nodes=r // b ** (cfg.height - 1), noise=a),
             b,
         )
         for t in range(3)
@@ -99,7 +100,7 @@ def test_leaves_sum_to_their_consistent_noisy_sum_across_trees(smoother: str) ->
     assert np.array_equal(leaf_rel, expected)
     assert not np.allclose(offline[0], offline[1])
     # and the online walker reproduces the same, tree after tree
-    walk = ConsistentNoise(gen, fanout=b, layers=layers, top_nodes=r // b ** (cfg.height - 1), a=a)
+    walk = ConsistentNoise(gen, fanout=b, layers=layers, top_nodes=r // b ** (cfg.height - 1), noise=a)
     assert np.array_equal(walk.next_leaves(leaf_rel.size), expected - truth)
 
 
@@ -140,7 +141,9 @@ def test_utility_on_dns_at_eps_005() -> None:
     rel = op.process(x)[m:]
     truth = x[m:]
     theta = int(op.theta)
-    flat_noise = KeyedGenerator(KEY).discrete_laplace(int(Domain.BASELINE), 0, 0, r, math.exp(-0.05 / theta))
+    flat_noise = KeyedGenerator(KEY).discrete_laplace(
+        int(Domain.BASELINE), 0, 0, r, DiscreteLaplace(epsilon=0.05, sensitivity=theta)
+    )
     flat = np.minimum(truth, theta) + flat_noise
     rng_seed = 11
     mse = {}

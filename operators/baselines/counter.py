@@ -29,7 +29,7 @@ import numpy as np
 
 from operators.baselines._common import TwoPhase, baseline_domain, quantize
 from operators.config import ConfigError, ToPSConfig
-from operators.noise import KeyedGenerator, discrete_laplace_parameter, discrete_laplace_variance
+from operators.noise import DiscreteLaplace, KeyedGenerator
 
 __all__ = ["Counter", "counter"]
 
@@ -46,7 +46,7 @@ class Counter:
         self.tree_ticks = 1 << self.k
         self.levels = self.k + 1
         self.theta_units = max(1, round(config.theta / config.resolution))
-        self.a = discrete_laplace_parameter(config.epsilon / self.levels, self.theta_units)
+        self.noise = DiscreteLaplace(epsilon=config.epsilon / self.levels, sensitivity=self.theta_units)
         self._gen = KeyedGenerator(key)
         self.ticks = 0
         self.clamped = 0
@@ -57,7 +57,7 @@ class Counter:
     @property
     def node_variance(self) -> float:
         """Noise variance of one node, quantized units squared."""
-        return discrete_laplace_variance(self.a)
+        return self.noise.variance
 
     def prefix_variance(self, count: int) -> float:
         """Closed form: noise variance of the noisy prefix after ``count`` ticks of a tree, ``popcount * Var``."""
@@ -73,7 +73,9 @@ class Counter:
             last = int(idx[-1])
             if last < 0:
                 continue
-            noise = self._gen.discrete_laplace(baseline_domain("counter", level), tree, first, last - first + 1, self.a)
+            noise = self._gen.discrete_laplace(
+                baseline_domain("counter", level), tree, first, last - first + 1, self.noise
+            )
             bit = ((c >> level) & 1).astype(bool)
             out[bit] += noise[idx[bit] - first]
         return out

@@ -20,7 +20,7 @@ import numpy as np
 
 from operators.baselines._common import TwoPhase, baseline_domain, quantize
 from operators.config import ConfigError, ToPSConfig
-from operators.noise import KeyedGenerator, discrete_laplace_parameter, discrete_laplace_variance
+from operators.noise import DiscreteLaplace, KeyedGenerator
 
 __all__ = ["Flat", "flat"]
 
@@ -36,7 +36,7 @@ class Flat:
             raise ConfigError(msg)
         self.config = config
         self.theta_units = max(1, round(config.theta / config.resolution))
-        self.a = discrete_laplace_parameter(config.epsilon, self.theta_units)
+        self.noise = DiscreteLaplace(epsilon=config.epsilon, sensitivity=self.theta_units)
         self._gen = KeyedGenerator(key)
         self.ticks = 0
         self.clamped = 0
@@ -47,7 +47,7 @@ class Flat:
     @property
     def tick_variance(self) -> float:
         """Noise variance of one release in quantized units squared."""
-        return discrete_laplace_variance(self.a)
+        return self.noise.variance
 
     def process(self, values: Any) -> np.ndarray:
         """One release per tick: truncated value + its own noise (value units)."""
@@ -59,7 +59,9 @@ class Flat:
         while pos < trunc.size:
             address, start = divmod(self.ticks + pos, _TICKS_PER_ADDRESS)
             take = min(trunc.size - pos, _TICKS_PER_ADDRESS - start)
-            noise[pos : pos + take] = self._gen.discrete_laplace(baseline_domain("flat"), address, start, take, self.a)
+            noise[pos : pos + take] = self._gen.discrete_laplace(
+                baseline_domain("flat"), address, start, take, self.noise
+            )
             pos += take
         self.ticks += trunc.size
         return (trunc + noise).astype(np.float64) * self.config.resolution

@@ -31,7 +31,7 @@ import numpy as np
 
 from operators.baselines._common import TwoPhase, baseline_domain, quantize
 from operators.config import ConfigError, ToPSConfig, tree_height
-from operators.noise import KeyedGenerator, discrete_laplace_parameter, discrete_laplace_variance
+from operators.noise import DiscreteLaplace, KeyedGenerator
 
 __all__ = ["Hierarchy", "h2", "h16", "h16c", "h16c_stream"]
 
@@ -57,7 +57,7 @@ class Hierarchy:
             raise ConfigError(msg)
         self.config = config
         self.theta_units = max(1, round(config.theta / config.resolution))
-        self.a = discrete_laplace_parameter(config.epsilon / self.layers, self.theta_units)
+        self.noise = DiscreteLaplace(epsilon=config.epsilon / self.layers, sensitivity=self.theta_units)
         self._gen = KeyedGenerator(key)
         self._chunks: list[np.ndarray] = []
         self.ticks = 0
@@ -70,7 +70,7 @@ class Hierarchy:
     @property
     def node_variance(self) -> float:
         """Noise variance of every node, in quantized units squared: ``2a / (1 - a)^2``."""
-        return discrete_laplace_variance(self.a)
+        return self.noise.variance
 
     def _noise(self, layer: int, i0: int, n: int) -> np.ndarray:
         """Raw noise of nodes ``[i0, i0 + n)`` of ``layer`` (global indices; trees of ``r / b^layer`` nodes)."""
@@ -81,7 +81,7 @@ class Hierarchy:
             tree, local = divmod(i0 + pos, per_tree)
             take = min(n - pos, per_tree - local)
             out[pos : pos + take] = self._gen.discrete_laplace(
-                baseline_domain("hierarchy", layer), (self.b << 40) | tree, local, take, self.a
+                baseline_domain("hierarchy", layer), (self.b << 40) | tree, local, take, self.noise
             )
             pos += take
         return out

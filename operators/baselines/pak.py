@@ -39,7 +39,7 @@ import numpy as np
 
 from operators.baselines._common import TwoPhase
 from operators.config import ToPSConfig
-from operators.noise import KeyedGenerator
+from operators.noise import DiscreteLaplace, KeyedGenerator
 
 __all__ = [
     "BETA",
@@ -129,8 +129,10 @@ def smooth_percentile_threshold(
     scale = kappa * ss / a
     noise = 0
     if scale > 0:
-        a_dl = min(max(math.exp(-1.0 / scale), 1e-300), 1.0 - 1e-16)
-        noise = int(gen.discrete_laplace(domain, address, 0, 1, a_dl)[0])
+        # the exact sampler takes scales in [2^-10, 2^36]; a smaller scale gets more noise (never less), and a
+        # larger one (smooth sensitivity beyond 2^36 units) is already far beyond any clamped theta range
+        dl = DiscreteLaplace(epsilon=1.0, sensitivity=min(max(scale, 2.0**-10), 2.0**36))
+        noise = int(gen.discrete_laplace(domain, address, 0, 1, dl)[0])
     theta = x_p + round(scale * shift) + noise
     return int(min(max(theta, 1), upper))
 

@@ -24,7 +24,7 @@ import numpy as np
 from scipy.stats import beta
 
 from operators.hierarchy import ConsistentNoise
-from operators.noise import KeyedGenerator, discrete_laplace_parameter
+from operators.noise import DiscreteLaplace, KeyedGenerator
 
 ALPHA = 1e-3  # per test: the probability that a correct mechanism is flagged
 
@@ -68,7 +68,7 @@ def discrete_laplace(
     gen: KeyedGenerator, domain: int, address: int, start: int, count: int, *, epsilon: float, sensitivity: float
 ) -> np.ndarray:
     """Raw integer discrete Laplace noise that is ``epsilon``-DP for ``sensitivity`` (quantized units)."""
-    return gen.discrete_laplace(domain, address, start, count, discrete_laplace_parameter(epsilon, sensitivity))
+    return gen.discrete_laplace(domain, address, start, count, DiscreteLaplace(epsilon, sensitivity))
 
 
 def node_noise(op, layer: int, trees: Iterable[int], count: int) -> np.ndarray:
@@ -77,7 +77,7 @@ def node_noise(op, layer: int, trees: Iterable[int], count: int) -> np.ndarray:
     walk = op._noise
     rows = [
         ConsistentNoise(
-            op._gen, fanout=walk.b, layers=walk.layers, top_nodes=walk.top_nodes, a=walk.a, tree=int(t)
+            op._gen, fanout=walk.b, layers=walk.layers, top_nodes=walk.top_nodes, noise=walk.noise, tree=int(t)
         )._raw(layer, 0, count)
         for t in trees
     ]
@@ -86,5 +86,6 @@ def node_noise(op, layer: int, trees: Iterable[int], count: int) -> np.ndarray:
 
 def scale_noise_epsilon(noise, factor: float) -> None:
     """A broken variant: ``noise`` (a ``ConsistentNoise`` walk or a baseline operator) draws every sample at ``factor``
-    times its epsilon (``a = e^(-eps / sensitivity)``, so ``a^factor``). Call it before any noise is drawn."""
-    noise.a = noise.a**factor
+    times its epsilon (the scale ``sensitivity / epsilon`` divided by ``factor``). Call it before any noise is drawn."""
+    dl = noise.noise
+    noise.noise = DiscreteLaplace(epsilon=dl.epsilon * factor, sensitivity=dl.sensitivity)
