@@ -17,7 +17,8 @@ MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 
 # Users of the ACL broker (passwords for tests only; deploy/mosquitto.passwd.example documents the procedure).
-ACL_USERS = {"tops": "daemon-secret", "device": "device-secret", "consumer": "consumer-secret"}
+ACL_USERS = {"svc/tops": "daemon-secret", "svc/consumer": "consumer-secret", "meter-a": "device-a-secret",
+             "meter-b": "device-b-secret"}
 
 
 def free_port() -> int:
@@ -89,18 +90,63 @@ def mosquitto(tmp_path: Path) -> Iterator[Broker]:
     yield from _broker(tmp_path, "allow_anonymous true\n")
 
 
-@pytest.fixture
-def mosquitto_acl(tmp_path: Path) -> Iterator[Broker]:
-    """A broker with the users and ACL file of deploy/ (passwords made with ``mosquitto_passwd -b``)."""
-    passwd = tmp_path / "passwd"
+# Debian's stock /etc/mosquitto/mosquitto.conf (mosquitto 2.0), used when the file is not on this machine.
+STOCK_CONF = """pid_file /run/mosquitto/mosquitto.pid
+
+persistence true
+persistence_location /var/lib/mosquitto/
+
+log_dest file /var/log/mosquitto/mosquitto.log
+
+include_dir /etc/mosquitto/conf.d
+"""
+
+
+def deploy_broker_conf(tmp: Path, port: int, *, extra_dropins: tuple[str, ...] = ()) -> Path:
+    """Debian's stock mosquitto.conf (paths moved under ``tmp``) with ``deploy/mosquitto.conf`` in its conf.d and
+    the shipped ACL, exactly as the drop-in's header installs them; only paths, the port and (as root) the user
+    change. Passwords for ``ACL_USERS`` are made with ``mosquitto_passwd``."""
+    stock = Path("/etc/mosquitto/mosquitto.conf")
+    text = stock.read_text() if stock.exists() else STOCK_CONF
+    etc = tmp / "etc"
+    (etc / "conf.d").mkdir(parents=True, exist_ok=True)
+    (tmp / "lib").mkdir(exist_ok=True)
+    text = (text.replace("/run/mosquitto/mosquitto.pid", str(tmp / "mosquitto.pid"))
+            .replace("/var/lib/mosquitto/", f"{tmp / 'lib'}/")
+            .replace("log_dest file /var/log/mosquitto/mosquitto.log", "log_dest stderr")
+            .replace("/etc/mosquitto/conf.d", str(etc / "conf.d")))
+    if os.geteuid() == 0:  # as root, mosquitto would switch to the `mosquitto` user, which cannot read tmp dirs
+        text = "user root\n" + text
+    conf = etc / "mosquitto.conf"
+    conf.write_text(text)
+    dropin = (DEPLOY / "mosquitto.conf").read_text()
+    dropin = (dropin.replace("/etc/mosquitto/tops.passwd", str(etc / "tops.passwd"))
+              .replace("/etc/mosquitto/tops.acl", str(etc / "tops.acl"))
+              .replace("listener 1883 127.0.0.1", f"listener {port} 127.0.0.1"))
+    (etc / "conf.d" / "tops.conf").write_text(dropin)
+    for i, extra in enumerate(extra_dropins):
+        (etc / "conf.d" / f"tops-{i}.conf").write_text(extra)
+    passwd = etc / "tops.passwd"
     passwd.touch(mode=0o600)
     for user, password in ACL_USERS.items():
-        subprocess.run(["mosquitto_passwd", "-b", str(passwd), user, password], check=True,
-                       capture_output=True)
-    acl = tmp_path / "acl"
-    shutil.copy(DEPLOY / "mosquitto.acl", acl)
-    os.chmod(acl, 0o600)
-    yield from _broker(tmp_path, f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl}\n")
+        subprocess.run(["mosquitto_passwd", "-b", str(passwd), user, password], check=True, capture_output=True)
+    shutil.copy(DEPLOY / "mosquitto.acl", etc / "tops.acl")
+    os.chmod(etc / "tops.acl", 0o600)
+    return conf
+
+
+@pytest.fixture
+def mosquitto_acl(tmp_path: Path) -> Iterator[Broker]:
+    """Debian's Mosquitto with its stock configuration plus the drop-in, users and ACL of deploy/."""
+    if not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed (.ci/run installs it)")
+    port = free_port()
+    b = Broker(port, deploy_broker_conf(tmp_path / "broker", port))
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
 
 
 # -- helpers for daemon tests ---------------------------------------------------------------------------------

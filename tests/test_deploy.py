@@ -1,0 +1,209 @@
+"""Every file of deploy/ exercised with the real program it is for (issue 11, section 2; issue 10, item 8).
+
+* Prometheus: `promtool check config` on deploy/prometheus.yml, `promtool check rules` and `promtool test rules` on
+  the shipped alerting rules, and every metric the rules use is exported by a real daemon (a renamed metric would
+  silently disarm an alert).
+* deploy/install.sh into a temporary root; the installed `tops` runs; `systemd-analyze verify` accepts the unit;
+  the unit does not restart on exit code 2, and `tops run --check` on the installed configuration lists every problem
+  on its own line and exits 2.
+* TLS end to end: a CA and a server certificate made here, Debian's Mosquitto with the stock configuration plus
+  deploy/mosquitto.conf and deploy/mosquitto-tls.conf; the daemon connects over TLS with the shipped ACL's daemon
+  account, a device publishes over TLS, releases come out; a daemon that trusts another CA never connects.
+(The roles of the ACL are tested in tests/test_daemon_acl.py on the same broker set-up.)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import (
+    ACL_USERS,
+    MOSQUITTO,
+    Broker,
+    DaemonProcess,
+    Subscriber,
+    daemon_config,
+    deploy_broker_conf,
+    free_port,
+    wait_for,
+    wait_port,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (.ci/run installs it)")
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, **kw)
+
+
+@needs_promtool
+def test_promtool_accepts_the_scrape_config_and_the_rules_and_their_tests() -> None:
+    r = _run([PROMTOOL, "check", "config", "prometheus.yml"], cwd=DEPLOY)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _run([PROMTOOL, "check", "rules", "tops.rules.yml"], cwd=DEPLOY)
+    assert r.returncode == 0 and "5 rules found" in r.stdout, r.stdout + r.stderr
+    r = _run([PROMTOOL, "test", "rules", "tops.rules.test.yml"], cwd=DEPLOY)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+
+
+@needs_promtool
+def test_a_broken_rule_test_fails(tmp_path: Path) -> None:
+    """The rule tests can fail: the same tests against rules whose disconnection alert waits 10 minutes."""
+    shutil.copy(DEPLOY / "tops.rules.test.yml", tmp_path)
+    rules = (DEPLOY / "tops.rules.yml").read_text().replace("expr: tops_mqtt_connected == 0\n        for: 2m",
+                                                            "expr: tops_mqtt_connected == 0\n        for: 10m")
+    (tmp_path / "tops.rules.yml").write_text(rules)
+    r = _run([PROMTOOL, "test", "rules", "tops.rules.test.yml"], cwd=tmp_path)
+    assert r.returncode != 0
+
+
+def test_every_metric_the_rules_use_is_exported(mosquitto, tmp_path: Path) -> None:
+    from tests.conftest import scrape
+
+    mport = free_port()
+    daemon = DaemonProcess(daemon_config(tmp_path, mosquitto.port, mport), mport, tmp_path)
+    try:
+        daemon.wait_connected()
+        exported = {k.split("{")[0] for k in scrape(mport)}
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    used = set(re.findall(r"\b(tops_[a-z_]+)", (DEPLOY / "tops.rules.yml").read_text()))
+    assert used and used <= exported, used - exported
+
+
+def test_install_script_makes_a_working_tree(tmp_path: Path) -> None:
+    dest = tmp_path / "root"
+    env = {**os.environ, "DESTDIR": str(dest), "TOPS_USE_SYSTEM_PACKAGES": "1", "PYTHON": sys.executable}
+    r = _run(["bash", str(DEPLOY / "install.sh")], env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tops = dest / "opt/tops/venv/bin/tops"
+    v = _run([str(tops), "--version"])
+    assert v.returncode == 0 and v.stdout.startswith("tops ")
+    unit = (dest / "etc/systemd/system/tops.service").read_text()
+    assert "RestartPreventExitStatus=2" in unit and "Restart=on-failure" in unit
+    for f in ("etc/tops/tops.toml", "etc/mosquitto/conf.d/tops.conf", "etc/mosquitto/tops.acl",
+              "etc/prometheus/tops.rules.yml"):
+        assert (dest / f).is_file(), f
+    assert (dest / "etc/tops/tops.toml").stat().st_mode & 0o007 == 0
+    # the installed configuration, checked by the installed tops: each problem on its own line, exit 2
+    chk = _run([str(tops), "run", "--config", str(dest / "etc/tops/tops.toml"), "--check"])
+    assert chk.returncode == 2
+    lines = [x for x in chk.stderr.splitlines() if x.strip()]
+    assert lines and all("Traceback" not in x for x in lines)
+    assert any("password_file" in x for x in lines)  # /etc/tops/mqtt-password is not there yet
+    analyze = shutil.which("systemd-analyze")
+    if analyze:  # the unit, with its paths moved into the temporary root, passes systemd's own check
+        local = tmp_path / "tops.service"
+        local.write_text(unit.replace("/opt/tops/venv/bin/tops", str(tops))
+                         .replace("/etc/tops/tops.toml", str(dest / "etc/tops/tops.toml")))
+        ver = _run([analyze, "verify", str(local)])
+        assert ver.returncode == 0, ver.stdout + ver.stderr
+
+
+# -- TLS --------------------------------------------------------------------------------------------------------
+def _certs(where: Path, name: str) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 / localhost signed by it (PEM files)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"tops test CA {name}")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+          .not_valid_after(now + dt.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    where.mkdir(parents=True, exist_ok=True)
+    ca_pem, crt, kpem = where / "ca.crt", where / "server.crt", where / "server.key"
+    ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    kpem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    os.chmod(kpem, 0o600)
+    return ca_pem, crt, kpem
+
+
+@pytest.fixture
+def tls_broker(tmp_path: Path):
+    if not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed (.ci/run installs it)")
+    ca, crt, key = _certs(tmp_path / "certs", "good")
+    port, tls_port = free_port(), free_port()
+    tls = (DEPLOY / "mosquitto-tls.conf").read_text()
+    tls = (tls.replace("listener 8883", f"listener {tls_port} 127.0.0.1")
+           .replace("/etc/mosquitto/certs/server.crt", str(crt)).replace("/etc/mosquitto/certs/server.key", str(key))
+           .replace("/etc/mosquitto/certs/ca.crt", str(ca)))
+    b = Broker(port, deploy_broker_conf(tmp_path / "broker", port, extra_dropins=(tls,)))
+    b.start()
+    wait_port(tls_port)
+    try:
+        yield b, tls_port, ca
+    finally:
+        b.stop()
+
+
+def _tls_daemon(tmp: Path, port: int, ca: Path) -> DaemonProcess:
+    pw = tmp / "mqtt-password"
+    pw.write_text(ACL_USERS["svc/tops"] + "\n")
+    mport = free_port()
+    cfg = daemon_config(tmp, port, mport, streams={"template": {"holdout": 5}},
+                        mqtt={"username": "svc/tops", "password_file": str(pw), "tls": True, "ca_file": str(ca),
+                              "reconnect_min": 0.2, "reconnect_max": 0.5})
+    return DaemonProcess(cfg, mport, tmp)
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_tls_end_to_end_and_a_wrong_ca_is_refused(tls_broker, tmp_path: Path) -> None:
+    broker, tls_port, ca = tls_broker
+    out = Subscriber(broker.port, "dp/#", user=("svc/consumer", ACL_USERS["svc/consumer"]))
+    good = tmp_path / "good"
+    good.mkdir()
+    daemon = _tls_daemon(good, tls_port, ca)
+    try:
+        daemon.wait_connected()
+        pub = _run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(tls_port), "--cafile", str(ca), "-u", "meter-a",
+                    "-P", ACL_USERS["meter-a"], "-t", "meters/meter-a/reading", "-q", "1", "-l"],
+                   input="".join(f"{i % 9}\n" for i in range(20)))
+        assert pub.returncode == 0, pub.stderr
+        wait_for(lambda: len([p for p in out.payloads() if "tick" in p]) >= 15, 20, what="releases over TLS")
+        assert daemon.stop() == 0
+    finally:
+        out.close()
+        daemon.kill()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    other_ca, _, _ = _certs(tmp_path / "other", "other")
+    daemon = _tls_daemon(bad, tls_port, other_ca)
+    try:
+        wait_for(lambda: "broker connection failed" in daemon.stderr(), 20, what="a refused TLS handshake")
+        time.sleep(1.0)
+        assert daemon.metrics().get("tops_mqtt_connected") == 0.0
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
