@@ -70,10 +70,15 @@ def exact_range_problem(bound_units: float, epsilon: float, fanout: int, height:
             "1/1024 release grid in float64 (raise resolution, lower bound or query_range)"
         )
     scale = bound_units * height / epsilon
-    if scale > MAX_NOISE_SCALE or 1.0 / epsilon < 2.0**-10:
+    if scale > MAX_NOISE_SCALE:
         return (
-            f"noise scale bound / resolution * h / epsilon = {scale:.4g} is outside [2^-10, 2^36], the range of the "
-            "exact discrete Laplace sampler (raise epsilon or resolution, or lower bound)"
+            f"noise scale bound / resolution * h / epsilon = {scale:.4g} exceeds 2^36, the range of the exact discrete "
+            "Laplace sampler (raise epsilon or resolution, or lower bound)"
+        )
+    if 1.0 / epsilon < 2.0**-10:
+        return (
+            f"epsilon = {epsilon:.4g} is above 1024: the noise scale (sensitivity / epsilon, down to 1 / epsilon) would "
+            "fall below 2^-10, the range of the exact discrete Laplace sampler (lower epsilon)"
         )
     return None
 

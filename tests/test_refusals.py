@@ -42,7 +42,7 @@ MQTT = {"input": {"source": "mqtt", "topics": ["meters/+/reading"]}, "output": {
 
 @pytest.mark.parametrize(("sections", "line"), [
     ({"streams": {"template": {"epsilon": 1e300}}},
-     "tops run: [streams.template] epsilon = 1e+300 cannot be released with these parameters"),
+     "tops run: [streams.template] epsilon = 1e+300 is above 1024"),
     ({**MQTT, "output": {"sinks": ["mqtt"], "topic": "dp/{stream}", "status_topic": "dp/{stream}"}},
      "tops run: [output] status_topic must differ from topic"),
     ({"input": {"source": "mqtt", "topics": ["dp/+"]}, "output": {"sinks": ["mqtt"]}},
