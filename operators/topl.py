@@ -222,13 +222,12 @@ class ToPL:
         if v.ndim != 1:
             msg = "values must be a 1-D array"
             raise ValueError(msg)
-        if v.size and (not np.isfinite(v).all() or (v < 0).any()):
-            msg = "values must be finite and non-negative"
+        if v.size and not np.isfinite(v).all():
+            msg = "values must be finite"
             raise ValueError(msg)
         cfg = self.config
-        over = v > cfg.bound
-        self.clamped += int(over.sum())
-        v = np.where(over, cfg.bound, v)
+        self.clamped += int(((v > cfg.bound) | (v < 0)).sum())  # clamped to [0, B] as the device does, never dropped
+        v = np.clip(v, 0.0, cfg.bound)
         out = np.full(v.size, np.nan)
         done = 0
         if self.theta is None:

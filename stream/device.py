@@ -358,16 +358,20 @@ class Device:
         return self._gen.uniforms(Domain.LOCAL, address, start, count)
 
     def perturb_values(self, readings: Any) -> np.ndarray:
-        """The reports (reading units) for a batch of finite, non-negative readings, under the current control.
+        """The reports (reading units) for a batch of finite readings (negative ones clamped to 0), under the current
+        control.
 
         Each reading is reported once: the account adds the control's epsilon for each of them."""
         if self.control is None:
             msg = "no acceptable control message: the device reports nothing"
             raise RuntimeError(msg)
         v = np.asarray(readings, dtype=np.float64).reshape(-1)
-        if v.size and (not np.isfinite(v).all() or (v < 0).any()):
-            msg = "readings must be finite and non-negative"
+        if v.size and not np.isfinite(v).all():
+            msg = "readings must be finite numbers"
             raise ValueError(msg)
+        # a negative reading is clamped to the lower end 0 and reported like any other: a missing report would
+        # itself tell the server that the reading was negative
+        v = np.maximum(v, 0.0)
         c = self.control
         if c.phase == PHASE_THRESHOLD:
             assert c.bound is not None
@@ -545,10 +549,10 @@ def _parse_lines(lines: list[bytes], pipeline: _Pipeline) -> list[float]:
         except ValueError:
             pipeline.invalid += 1
             continue
-        if not math.isfinite(value) or value < 0:
+        if not math.isfinite(value):
             pipeline.invalid += 1
             continue
-        out.append(value)
+        out.append(value)  # a negative reading is clamped to 0 when perturbed, never skipped
     return out
 
 
@@ -595,7 +599,7 @@ async def _read_input(path: str, pipeline: _Pipeline) -> None:
     if values:
         await pipeline.add(values, [round(time.time(), 3)] * len(values))
     if pipeline.invalid:
-        log.warning("skipped %d input lines that are not finite non-negative numbers", pipeline.invalid)
+        log.warning("skipped %d input lines that are not finite numbers", pipeline.invalid)
     await pipeline.finish()
 
 

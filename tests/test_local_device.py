@@ -256,8 +256,14 @@ def test_report_messages() -> None:
         lo, hi = parse_control(control).report_range()
         values = dev.perturb_values(np.linspace(0, 50, 5000))
         assert lo <= values.min() and values.max() <= hi
-    with pytest.raises(ValueError, match="finite and non-negative"):
-        dev.perturb([-1.0])
+    with pytest.raises(ValueError, match="finite"):
+        dev.perturb([float("nan")])
+    # a negative reading is reported (clamped to 0), never skipped: a missing report would reveal it
+    neg = Device("s2", 5.0, key=KEY, sequence=False)
+    zero = Device("s2", 5.0, key=KEY, sequence=False)
+    for d in (neg, zero):
+        d.on_control(stream_control("s2", 3.0, 6.0))
+    assert neg.perturb_values([-1.0, -7.5, 2.0]).tolist() == zero.perturb_values([0.0, 0.0, 2.0]).tolist()
     with pytest.raises(ValueError, match="stream name"):
         Device("a/#", 1.0)
 
@@ -332,7 +338,7 @@ def test_tops_device_follows_the_retained_control_and_never_publishes_readings(
     rng = np.random.default_rng(4)
     first = np.round(rng.uniform(10, 90, 300), 6) + 0.000123  # distinctive decimals, easy to search for
     second = np.round(rng.uniform(10, 90, 200), 6) + 0.000456
-    (tmp_path / "a.txt").write_text("".join(f"{v:.6f}\n" for v in first) + "oops\n-3\n")
+    (tmp_path / "a.txt").write_text("".join(f"{v:.6f}\n" for v in first) + "oops\nnan\n")
     (tmp_path / "b.txt").write_text("".join(f"{v:.6f}\n" for v in second))
     total = first.size + second.size
     sub = subprocess.Popen(

@@ -154,7 +154,16 @@ def test_fixed_theta_releases_from_the_first_tick_and_clamps() -> None:
     }
 
 
-@pytest.mark.parametrize("bad", [[1.0, -0.5], [float("nan")], [float("inf")], [[1.0]]])
+def test_negative_values_are_clamped_to_zero_not_dropped() -> None:
+    """Like the device: a negative reading makes its tick, as 0 (a missing tick would reveal it)."""
+    a = ToPL(ToPLConfig(epsilon=1.0, bound=10.0, holdout=4), KEY)
+    b = ToPL(ToPLConfig(epsilon=1.0, bound=10.0, holdout=4), KEY)
+    x = np.array([1.0, -0.5, 3.0, -2.0, 5.0, -1.0, 2.0])
+    assert np.array_equal(a.process(x), b.process(np.maximum(x, 0.0)), equal_nan=True)
+    assert a.ticks == x.size and a.clamped == 3
+
+
+@pytest.mark.parametrize("bad", [[1.0, float("-inf")], [float("nan")], [float("inf")], [[1.0]]])
 def test_bad_values_are_rejected_without_echo(bad) -> None:
     topl = ToPL(ToPLConfig(epsilon=1.0, bound=10.0, holdout=4), KEY)
     with pytest.raises(ValueError) as info:

@@ -90,3 +90,15 @@ def test_daemon_lower_and_replay_agree(tmp_path: Path) -> None:
     assert rep.returncode == 0, rep.stderr
     want = {t: float(v) for t, v in enumerate(np.load(tmp_path / "o.npy")) if not np.isnan(v)}
     assert got == want
+
+
+@pytest.mark.parametrize("method", ["flat", "counter", "h16c"])
+def test_baselines_clamp_negative_readings_to_zero(method: str) -> None:
+    """The daemon's baselines take no `lower`: a negative reading counts as 0 (sensitivity stays theta)."""
+    from operators.baselines import make
+
+    cfg = ToPSConfig(epsilon=1.0, bound=10, theta=4, query_range=16, fanout=4)
+    x = np.array([3.0, -5.0, 2.0, -1e9, 7.0, 1.0])
+    a = make(method, cfg, bytes(range(32))).process(x)
+    b = make(method, cfg, bytes(range(32))).process(np.maximum(x, 0.0))
+    assert np.array_equal(a, b, equal_nan=True)

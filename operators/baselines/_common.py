@@ -61,15 +61,16 @@ def baseline_domain(method: str, purpose: int = 0) -> int:
 
 
 def quantize(values: np.ndarray, config: ToPSConfig) -> tuple[np.ndarray, int]:
-    """Values clamped to B and rounded to the resolution grid, as ToPS does; also the number clamped."""
+    """Values clamped to [0, B] and rounded to the resolution grid, as ToPS does; also the number clamped (a
+    negative reading is clamped to 0, never dropped: the baselines take no ``lower``, the daemon refuses one)."""
     values = np.asarray(values, dtype=np.float64).reshape(-1)
     bound_units = math.floor(config.bound / config.resolution + 1e-9)
-    over = values > config.bound
-    n_over = int(np.count_nonzero(over))
-    if n_over:
-        values = np.where(over, config.bound, values)
+    out = (values > config.bound) | (values < 0)
+    n_out = int(np.count_nonzero(out))
+    if n_out:
+        values = np.clip(values, 0.0, config.bound)
     units = np.rint(values / config.resolution).astype(np.int64)
-    return np.minimum(units, bound_units), n_over
+    return np.clip(units, 0, bound_units), n_out
 
 
 class StreamOperator(Protocol):
