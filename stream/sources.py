@@ -29,6 +29,39 @@ from stream.metrics import Metrics
 from stream.payload import check_stream_name
 from stream.sinks import PublishQueue
 
+
+def _light_message_info() -> None:
+    """paho-mqtt makes an ``MQTTMessageInfo`` per publish, each with its own ``threading.Condition`` (about a quarter
+    of the daemon's time at QoS 1 in and out, one release per message). We never block on one (the publish loop
+    polls ``is_published``), so every info shares one condition, and ``_set_as_published`` wakes all its waiters,
+    each of which checks its own flag: ``wait_for_publish`` keeps its meaning for any other caller."""
+    from paho.mqtt import client as paho_client
+
+    cls = paho_client.MQTTMessageInfo
+    if getattr(cls, "_tops_light", False):
+        return
+    shared = threading.Condition()
+    ok = paho_client.MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def __init__(self: Any, mid: int) -> None:
+        self.mid = mid
+        self._published = False
+        self._condition = shared
+        self.rc = ok
+        self._iterpos = 0
+
+    def _set_as_published(self: Any) -> None:
+        with self._condition:
+            self._published = True
+            self._condition.notify_all()
+
+    cls.__init__ = __init__
+    cls._set_as_published = _set_as_published
+    cls._tops_light = True
+
+
+_light_message_info()
+
 __all__ = ["OVERLONG_LINE", "MqttLink", "ReadAheadSocket", "StdinSource", "TopicRouter", "backoff_delay"]
 
 log = logging.getLogger("tops.mqtt")
