@@ -77,8 +77,8 @@ def exact_range_problem(bound_units: float, epsilon: float, fanout: int, height:
         )
     if 1.0 / epsilon < 2.0**-10:
         return (
-            f"epsilon = {epsilon:.4g} is above 1024: the noise scale (sensitivity / epsilon, down to 1 / epsilon) would "
-            "fall below 2^-10, the range of the exact discrete Laplace sampler (lower epsilon)"
+            f"epsilon = {epsilon:.4g} is above 1024: the noise scale (sensitivity / epsilon, down to 1 / epsilon) "
+            "would fall below 2^-10, the range of the exact discrete Laplace sampler (lower epsilon)"
         )
     return None
 

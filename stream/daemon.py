@@ -360,14 +360,19 @@ class Daemon:
             router.counts["invalid"] += bad
             self.rejected("invalid", "batch elements that are not finite numbers",
                           f"readings for stream {name!r}")
+        self.into_stream(rec, lambda: router.add_many(rec, values, ts, seqs, now))
+
+    def into_stream(self, rec: StreamRecord, work: Callable[[], object]) -> None:
+        """Run one message's ``work`` on its stream: counted ``ok``, or, if it raises, ``failed`` with the stream
+        marked failed (the disk's ``OSError`` goes up: what a full disk does is decided in the state layer)."""
         try:
-            router.add_many(rec, values, ts, seqs, now)
+            work()
         except OSError:
             raise
         except Exception as exc:
-            self.message_failed(exc, f"message for stream {name!r}", rec)
+            self.message_failed(exc, f"message for stream {rec.name!r}", rec)
             return
-        counts["ok"] += 1
+        self.msg_counts["ok"] += 1
 
     def on_reports(self, name: str, payload: bytes, now: float) -> None:
         """Local mode: decode device reports, keep those made for the stream's current phase and theta."""
@@ -392,7 +397,8 @@ class Daemon:
             return
         router.counts["invalid"] += bad
         op = rec.operator
-        try:
+
+        def add_reports() -> None:
             for y, ts, seq, phase, theta in reports:
                 verdict = op.accepts(phase, theta, y)
                 if verdict != "ok":  # checked one by one: a batch may cross the switch of phase
@@ -401,12 +407,8 @@ class Daemon:
                                   f"stream {name!r}")
                     continue
                 router.add(rec, y, ts, seq, now)
-        except OSError:
-            raise
-        except Exception as exc:
-            self.message_failed(exc, f"message for stream {name!r}", rec)
-            return
-        counts["ok"] += 1
+
+        self.into_stream(rec, add_reports)
 
     def on_lines(self, lines: list[bytes]) -> None:
         """Decode, validate and route stdin lines (a line is one message), then process and emit. As with MQTT, a
@@ -619,8 +621,8 @@ class Daemon:
 
 
 # -- command line ---------------------------------------------------------------------------------------------
-_TEMPLATE_FLAGS = {"epsilon": float, "bound": float, "lower": float, "holdout": int, "range": int, "fanout": int, "smoother": str,
-                   "resolution": float}
+_TEMPLATE_FLAGS = {"epsilon": float, "bound": float, "lower": float, "holdout": int, "range": int, "fanout": int,
+                   "smoother": str, "resolution": float}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,8 @@
 """Reading a whole stream from a file (.npy, .csv or JSONL) for ``tops replay`` and ``tops evaluate``.
 
-Every value must be a finite number (values outside [lower, bound] are clamped by the operator). A bad file is refused with a message that names the first bad
-line and what is wrong with it, never the value itself (a reading is private data).
+Every value must be a finite number (values outside [lower, bound] are clamped by the operator). A bad file is
+refused with a message that names the first bad line and what is wrong with it, never the value itself (a reading
+is private data).
 
 >>> import tempfile, os
 >>> d = tempfile.mkdtemp()

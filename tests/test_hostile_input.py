@@ -1,6 +1,7 @@
 """Hostile input never raises past the decoders: a seeded property test over hostile JSON (huge integers, deep
 nesting, NaN/Infinity tokens, wrong types, unicode, 10^400 in every field, in batches), and the range checks of
-every field (``ts`` within 1970-2100, ``seq`` a non-negative 63-bit integer, values finite numbers; negative ones are clamped by the operator)."""
+every field (``ts`` within 1970-2100, ``seq`` a non-negative 63-bit integer, values finite numbers; negative ones
+are clamped by the operator)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ def _run(args: list[str], lines: list[str]) -> list[dict]:
 def test_negative_readings_make_their_ticks(tmp_path: Path) -> None:
     base = ["--holdout", "2", "--bound", "10", "--range", "16", "--fanout", "4", "--key-file", str(tmp_path / "k")]
     rel = _run(base, ["5", "7", "-3", "4", "-1", "9"])
-    assert [r["tick"] for r in rel] == [2, 3, 4, 5]  # ticks 0-1 are the holdout; old code: 2 releases, the gaps at the negative readings
+    # ticks 0-1 are the holdout; the old code made 2 releases, the gaps at the negative readings
+    assert [r["tick"] for r in rel] == [2, 3, 4, 5]
     # a negative reading is indistinguishable from 0 (clamped to lower = 0): same release as with 0 there
     key = bytes(range(32))
     cfg = ToPSConfig(epsilon=1.0, bound=10, theta=8, query_range=16, fanout=4)

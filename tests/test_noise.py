@@ -8,9 +8,8 @@ test must reject a 3% wrong scale (its power check), so it is not vacuous.
 from __future__ import annotations
 
 import math
-from fractions import Fraction
-
 import os
+from fractions import Fraction
 
 import numpy as np
 import pytest
