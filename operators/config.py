@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "SELECTIONS",
     "SMOOTHERS",
     "ConfigError",
     "ToPSConfig",
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 SMOOTHERS = ("recent", "ema", "mean", "median", "moving")
+SELECTIONS = ("calibrated", "paper")
 
 
 class ConfigError(ValueError):
@@ -116,6 +118,9 @@ class ToPSConfig:
         from the released ones, so both compose in parallel).
     theta
         A fixed public threshold (from a public sample or domain knowledge): no holdout, no budget spent on it.
+    selection
+        How the holdout chooses theta, s and the smoother's start: ``calibrated`` (default; operators.selection, an
+        error model measured privately on the holdout) or ``paper`` (Eq. 6 for theta, Eq. 7 for s, start theta/2).
     """
 
     epsilon: float
@@ -131,6 +136,7 @@ class ToPSConfig:
     threshold_epsilon: float | None = None
     theta: float | None = None
     lower: float = 0.0
+    selection: str = "calibrated"
 
     def __post_init__(self) -> None:
         check_positive("epsilon", self.epsilon)
@@ -170,6 +176,9 @@ class ToPSConfig:
                 f"query_range must be a multiple of fanout^(h-1) = {self.fanout ** (h - 1)} "
                 f"(e.g. a power of the fanout; got {self.query_range})"
             )
+            raise ConfigError(msg)
+        if self.selection not in SELECTIONS:
+            msg = f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})"
             raise ConfigError(msg)
         if self.smoother not in SMOOTHERS:
             msg = f"smoother must be one of {', '.join(SMOOTHERS)} (got {self.smoother!r})"

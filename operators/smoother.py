@@ -55,8 +55,12 @@ class SmootherState:
     history: list[float] = field(default_factory=list)  # last `window` leaf sums, oldest first
 
     @classmethod
-    def initial(cls, smoother: str, *, leaf_ticks: int, theta_units: int, window: int) -> SmootherState:
-        u0 = leaf_ticks * theta_units / 2.0
+    def initial(
+        cls, smoother: str, *, leaf_ticks: int, theta_units: int, window: int, start: float | None = None
+    ) -> SmootherState:
+        """The state before the first leaf: the prior ``u_0 = w * start`` (the paper's ``start = theta / 2``, or a
+        private estimate of the per-tick mean from the holdout: operators.selection)."""
+        u0 = leaf_ticks * (theta_units / 2.0 if start is None else float(start))
         history = [u0] if smoother == "moving" else []  # the paper's moving average starts from u_0
         return cls(smoother, leaf_ticks, window, float(_grid(u0 / leaf_ticks)), total=u0, history=history)
 

@@ -1,8 +1,10 @@
 """ToPS (seed 001, Algorithm 1): threshold optimizer on the holdout, truncation, perturber, smoother.
 
 1. The first ``m`` ticks (the holdout) are never released; their quantized values go into a histogram over the
-   candidate thresholds, and when the holdout is full theta is chosen by report-noisy-max on Eq. 6 (Eq. 5 counts).
-2. ``s`` comes from Eq. 7 (unless configured); the tree keeps ``L = h - s`` layers at ``eps / L`` each.
+   candidate thresholds (and, for the calibrated selection, block statistics), and when the holdout is full theta
+   and s are chosen: by the calibrated error model of :mod:`operators.selection` (default), or by report-noisy-max
+   on Eq. 6 (Eq. 5 counts) and Eq. 7 for s (``selection="paper"``).
+2. The tree keeps ``L = h - s`` layers at ``eps / L`` each.
 3. Every later value is quantized to the resolution grid and truncated to theta (Algorithm 1, "Truncate").
 4. Each leaf (``b^s`` ticks) releases its true sum plus its consistent noise (Appendix C), spread over its ticks
    by the smoother (Appendix D), one release per tick, final when made.
@@ -16,7 +18,7 @@ consistency and smoothing are post-processing.
 >>> op = ToPS(cfg, key=bytes(32))
 >>> rel = op.process(np.full(300, 3.0))
 >>> bool(np.isnan(rel[:100]).all()), op.phase, op.theta, op.smoother_layers
-(True, 'releasing', 3.0, 2)
+(True, 'releasing', 3.0, 3)
 >>> rel2 = ToPS(cfg, key=bytes(32)).process(np.full(300, 3.0))
 >>> bool(np.array_equal(rel, rel2, equal_nan=True))     # same key, same ticks: same releases
 True
@@ -32,6 +34,7 @@ import numpy as np
 from operators.config import ToPSConfig
 from operators.hierarchy import ConsistentNoise
 from operators.noise import DiscreteLaplace, Domain, KeyedGenerator
+from operators.selection import BlockStats, choose
 from operators.smoother import SmootherState, release_ticks
 from operators.threshold import (
     candidate_grid,
@@ -56,7 +59,7 @@ class ToPS:
     without any secret; ``ToPS.restore(config, key, snapshot)`` continues exactly where it left off.
     """
 
-    def __init__(self, config: ToPSConfig, key: bytes) -> None:
+    def __init__(self, config: ToPSConfig, key: bytes, *, start: float | None = None) -> None:
         self.config = config
         self._gen = KeyedGenerator(key)
         self._bound_units = math.floor(config.span / config.resolution + 1e-9)
@@ -68,11 +71,21 @@ class ToPS:
         self._hist: np.ndarray | None = None
         self._noise: ConsistentNoise | None = None
         self._smoother: SmootherState | None = None
-        if config.theta is not None:
-            self._start_release(max(1, round((config.theta - config.lower) / config.resolution)))
+        self._blocks: BlockStats | None = None
+        self.start_units: float | None = None
+        if config.theta is not None:  # a public theta; ``start`` (value units, public) replaces the prior theta/2
+            units = None if start is None else (start - config.lower) / config.resolution
+            self._start_release(max(1, round((config.theta - config.lower) / config.resolution)), start=units)
         else:
             self._candidates = candidate_grid(config.span, config.resolution)
             self._hist = np.zeros(len(self._candidates) + 1, dtype=np.int32)
+            self._blocks = self._new_blocks()
+
+    def _new_blocks(self) -> BlockStats | None:
+        cfg = self.config
+        if cfg.selection != "calibrated":
+            return None
+        return BlockStats(cfg.fanout, cfg.holdout, self._bound_units, cfg.query_range)
 
     def __repr__(self) -> str:
         return f"ToPS({self.config!r}, key=<secret>)"
@@ -105,7 +118,7 @@ class ToPS:
     def state_nbytes(self) -> int:
         """Numeric state kept between calls, in bytes (histogram in the holdout; walk + smoother after)."""
         if self._hist is not None:
-            return int(self._hist.nbytes) + 64
+            return int(self._hist.nbytes) + 64 + (self._blocks.nbytes() if self._blocks is not None else 0)
         return self._noise.state_nbytes() + self._smoother.nbytes()
 
     # -- the work -----------------------------------------------------------------------------------------------
@@ -122,6 +135,26 @@ class ToPS:
         units = np.rint(values / cfg.resolution).astype(np.int64)
         return np.clip(units, 0, self._bound_units)
 
+    def _select(self) -> None:
+        """End of the holdout: choose theta (and s, and the smoother's start) and start releasing."""
+        cfg = self.config
+        if self._blocks is None:
+            self._start_release(self._choose_threshold())
+            return
+        sel = choose(
+            self._hist,
+            self._candidates,
+            self._blocks,
+            gen=self._gen,
+            epsilon=cfg.epsilon,
+            threshold_epsilon=cfg.threshold_epsilon or cfg.epsilon,
+            holdout=cfg.holdout,
+            query_range=cfg.query_range,
+            fanout=cfg.fanout,
+            fixed_s=cfg.smoother_layers,
+        )
+        self._start_release(sel.theta_units, sel.smoother_layers, start=sel.start_units)
+
     def _choose_threshold(self) -> int:
         cfg = self.config
         thr_eps = cfg.threshold_epsilon or cfg.epsilon
@@ -137,9 +170,10 @@ class ToPS:
         u = self._gen.uniforms(int(Domain.THRESHOLD), 0, 0, len(cands))
         return int(cands[report_noisy_max(score, u, thr_eps)])
 
-    def _start_release(self, theta_units: int, s: int | None = None) -> None:
+    def _start_release(self, theta_units: int, s: int | None = None, start: float | None = None) -> None:
         cfg = self.config
         self.theta_units = theta_units
+        self.start_units = start
         if s is None:
             s = cfg.smoother_layers
         if s is None:
@@ -155,10 +189,11 @@ class ToPS:
             noise=noise,
         )
         self._smoother = SmootherState.initial(
-            cfg.smoother, leaf_ticks=cfg.fanout**s, theta_units=theta_units, window=cfg.window
+            cfg.smoother, leaf_ticks=cfg.fanout**s, theta_units=theta_units, window=cfg.window, start=start
         )
         self._candidates = None
         self._hist = None
+        self._blocks = None
 
     def process(self, values: Any) -> np.ndarray:
         """Release one value per input tick (NaN for holdout ticks)."""
@@ -172,10 +207,12 @@ class ToPS:
         if self.theta_units is None:
             take = min(n, self.holdout_left)
             holdout_histogram(units[:take], self._candidates, self._hist)
+            if self._blocks is not None:
+                self._blocks.add(units[:take])
             self.ticks += take
             start = take
             if self.holdout_left == 0:
-                self._start_release(self._choose_threshold())
+                self._select()
         if start < n:
             truncated = np.minimum(units[start:], self.theta_units)
             st = self._smoother
@@ -198,7 +235,7 @@ class ToPS:
         st = self._smoother
         if cfg.lower:  # the general path clamps, shifts and adds lower back
             return float(self.process(np.array([v], dtype=np.float64))[0])
-        if self._hist is not None and self.holdout_left > 1:
+        if self._hist is not None and self._blocks is None and self.holdout_left > 1:
             if v > cfg.bound:
                 self.clamped += 1
                 v = cfg.bound
@@ -236,6 +273,8 @@ class ToPS:
         }
         if self.theta_units is None:
             snap["holdout_histogram"] = self._hist.tolist()
+            if self._blocks is not None:
+                snap["holdout_blocks"] = self._blocks.to_dict()
         else:
             snap["walk"] = self._noise.state()
             snap["smoother"] = self._smoother.to_dict()
@@ -247,8 +286,13 @@ class ToPS:
         if snapshot.get("version") != _SNAPSHOT_VERSION:
             msg = "unsupported ToPS snapshot version"
             raise ValueError(msg)
-        if snapshot["config"] != config.to_dict():
+        made = dict(snapshot["config"])
+        if "selection" not in made and (config.selection == "paper" or snapshot["theta_units"] is not None):
+            made["selection"] = config.selection  # made before selection existed (Eq. 6); once releasing it is moot
+        if made != config.to_dict():
             msg = "the snapshot was made with other parameters"
+            if "selection" not in snapshot["config"]:
+                msg += ' (before the calibrated selection: set selection = "paper" to finish its holdout)'
             raise ValueError(msg)
         op = cls.__new__(cls)
         op.config = config
@@ -260,12 +304,21 @@ class ToPS:
         op.smoother_layers = None
         op._noise = None
         op._smoother = None
+        op._blocks = None
+        op.start_units = None
         if snapshot["theta_units"] is None:
             op._candidates = candidate_grid(config.span, config.resolution)
             op._hist = np.array(snapshot["holdout_histogram"], dtype=np.int32)
             if op._hist.shape != (len(op._candidates) + 1,):
                 msg = "corrupt ToPS snapshot (holdout histogram)"
                 raise ValueError(msg)
+            op._blocks = op._new_blocks()
+            if op._blocks is not None:
+                try:
+                    op._blocks.load(snapshot["holdout_blocks"])
+                except (KeyError, TypeError, ValueError):
+                    msg = "corrupt ToPS snapshot (holdout blocks)"
+                    raise ValueError(msg) from None
             return op
         # rebuild the release side with the recorded s, then move the walk and the smoother into place
         op._start_release(int(snapshot["theta_units"]), int(snapshot["smoother_layers"]))

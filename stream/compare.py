@@ -15,6 +15,12 @@ Presets (``--figure``; explicit options override them):
 
 Keys are derived from ``--seed`` and the repetition (``sha256``), so a run is reproducible; query positions come from
 numpy's generator seeded the same way (they are not privacy noise).
+
+Two reference rows (issue 12): ``tops-paper`` is ToPS with the paper's selection (Eq. 6 for theta, Eq. 7 for s), and
+``hindsight`` is ToPS at the best *fixed* (theta, s) found by a grid search on the truth (:mod:`operators.hindsight`):
+NOT private, a yardstick only. Besides the MSE of ranges of uniform length in [1, r] (the paper's Eq. 9), every row
+reports the MSE by range length class (1-60, 61-1,440, 1,441-43,200 ticks and longer: a minute, a day and a month of
+minutes), with ``--queries`` ranges of uniform length inside each class.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import hashlib
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +39,26 @@ import numpy as np
 
 from operators.baselines import LABELS, METHODS
 from operators.config import ConfigError, ToPSConfig
+from operators.hindsight import DeterministicErrors
+from operators.tops import ToPS
 from stream.inputs import InputError, read_stream
 from stream.progress import progress
 
-__all__ = ["FIGURES", "Result", "add_arguments", "extend", "main", "run_compare"]
+__all__ = ["FIGURES", "LENGTH_CLASSES", "Result", "add_arguments", "extend", "main", "run_compare"]
 
 DEFAULT_EPS = (0.01, 0.02, 0.03, 0.05, 0.07, 0.1)
+HINDSIGHT = "hindsight"
+HINDSIGHT_LABEL = "hindsight (NOT private)"
+LENGTH_CLASSES: tuple[tuple[str, int, int | None], ...] = (
+    ("1-60", 1, 60),
+    ("61-1440", 61, 1440),
+    ("1441-43200", 1441, 43200),
+    ("longer", 43201, None),
+)
 
 FIGURES: dict[str, dict[str, Any]] = {
     "3": {
-        "methods": ("pak", "nm-e", "s-pak", "tops"),
+        "methods": ("pak", "nm-e", "s-pak", "tops", "tops-paper"),
         "title": "end to end (Figure 3)",
     },
     "5": {
@@ -121,6 +137,8 @@ class Result:
     mse: list[float]
     mae: list[float]
     thetas: list[float]
+    mse_class: dict[str, list[float]] = field(default_factory=dict)
+    layers: list[float] = field(default_factory=list)
 
     def row(self, labels: dict[str, str] | None = None) -> dict[str, Any]:
         mse, mae = np.array(self.mse), np.array(self.mae)
@@ -136,11 +154,33 @@ class Result:
             "mse_std": float(mse.std(ddof=1)) if mse.size > 1 else 0.0,
             "mae_mean": float(mae.mean()),
             "mae_std": float(mae.std(ddof=1)) if mae.size > 1 else 0.0,
+            "s_median": float(np.median(self.layers)) if self.layers else float("nan"),
+            **{
+                f"mse_{name}": float(np.mean(self.mse_class[name])) if self.mse_class.get(name) else float("nan")
+                for name, _, _ in LENGTH_CLASSES
+            },
         }
 
 
 def _label(method: str, labels: dict[str, str] | None) -> str:
+    if method == HINDSIGHT:
+        return (labels or {}).get(method) or HINDSIGHT_LABEL
     return (labels or {}).get(method) or LABELS.get(method, method)
+
+
+def _class_queries(rng: np.random.Generator, n_eval: int, r: int, queries: int) -> dict[str, tuple]:
+    """Per length class, ``queries`` ranges of uniform length inside the class (classes longer than r or the
+    stream are left out)."""
+    out = {}
+    top = min(r, n_eval)
+    for name, lo, hi in LENGTH_CLASSES:
+        if lo > top:
+            continue
+        hi = top if hi is None else min(hi, top)
+        lengths = rng.integers(lo, hi + 1, size=queries)
+        starts = (rng.random(queries) * (n_eval - lengths + 1)).astype(np.int64)
+        out[name] = (starts, lengths)
+    return out
 
 
 def _answers(op: Any, releases: np.ndarray, hold: int, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -174,23 +214,44 @@ def run_compare(
     ct = np.concatenate([[0.0], np.cumsum(truth[hold:])])
     results = {(m, e, t): Result(m, e, t, [], [], []) for m in methods for e, t in grid}
     jobs = [(rep, e, t) for rep in range(repetitions) for e, t in grid]
+    table = None
+    if HINDSIGHT in methods:
+        if hold < 1 or base.smoother != "recent" or base.resolution != 1.0 or base.lower != 0.0:
+            msg = "the hindsight row needs a holdout, the recent smoother, resolution 1 and lower 0"
+            raise InputError(msg)
+        table = DeterministicErrors(
+            values[:hold], np.minimum(values[hold:], base.bound), query_range=base.query_range,
+            fanout=base.fanout, seed=seed, truth=truth[hold:],
+        )
     for rep, eps, thr in progress(jobs, len(jobs), "comparing", enabled=show_progress):
         rng = np.random.default_rng([seed, rep])
         lengths = rng.integers(1, min(base.query_range, n_eval) + 1, size=queries)
         starts = (rng.random(queries) * (n_eval - lengths + 1)).astype(np.int64)
         exact = ct[starts + lengths] - ct[starts]
+        by_class = _class_queries(rng, n_eval, base.query_range, queries)
         cfg = base.replace(epsilon=eps, threshold_epsilon=thr)
         key = repetition_key(seed, rep)
         for name in methods:
-            kwargs = {"stream_length": values.size} if name in _PAK_LIKE else {}
-            op = METHODS[name](cfg, key, **kwargs)
-            releases = op.process(values)
+            if name == HINDSIGHT:
+                theta, s, start = table.best(eps)
+                op = ToPS(cfg.replace(theta=theta, smoother_layers=s), key, start=start)
+                releases = np.concatenate([np.full(hold, np.nan), op.process(values[hold:])])
+            else:
+                kwargs = {"stream_length": values.size} if name in _PAK_LIKE else {}
+                op = METHODS[name](cfg, key, **kwargs)
+                releases = op.process(values)
             err = _answers(op, releases, hold, starts, lengths) - exact
             res = results[(name, eps, thr)]
             res.mse.append(float(np.mean(err**2)))
             res.mae.append(float(np.mean(np.abs(err))))
+            for cname, (cs, cl) in by_class.items():
+                cerr = _answers(op, releases, hold, cs, cl) - (ct[cs + cl] - ct[cs])
+                res.mse_class.setdefault(cname, []).append(float(np.mean(cerr**2)))
             theta = getattr(op, "theta", None)
             res.thetas.append(float("nan") if theta is None else float(theta))
+            layers = getattr(op, "smoother_layers", None)
+            if layers is not None:
+                res.layers.append(float(layers))
     return list(results.values())
 
 
@@ -271,11 +332,11 @@ def main(args: argparse.Namespace) -> int:
         methods = (
             [m.strip() for m in args.methods.split(",")]
             if args.methods
-            else list(preset.get("methods", ("tops", "pak", "h2", "h16", "h16c", "zero")))
+            else list(preset.get("methods", ("tops", "tops-paper", HINDSIGHT, "pak", "h2", "h16", "h16c", "zero")))
         )
-        unknown = [m for m in methods if m not in METHODS]
+        unknown = [m for m in methods if m not in METHODS and m != HINDSIGHT]
         if unknown:
-            msg = f"unknown method {unknown[0]!r}; known: {', '.join(METHODS)}"
+            msg = f"unknown method {unknown[0]!r}; known: {', '.join([*METHODS, HINDSIGHT])}"
             raise InputError(msg)
         for name, v in (("--queries", args.queries), ("--repetitions", args.repetitions)):
             if v < 1:
@@ -342,10 +403,13 @@ def main(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - t0
     print(f"{len(methods)} methods x {len(grid)} points x {args.repetitions} repetitions, {elapsed:.1f} s")
     header = "epsilon" if not x_threshold else "thr_eps"
-    print(f"{'method':<16}{header:>9}{'theta':>9}{'MSE':>13}{'MAE':>12}")
+    classes = "".join(f"{'MSE ' + name:>16}" for name, _, _ in LENGTH_CLASSES)
+    print(f"{'method':<24}{header:>9}{'theta':>9}{'s':>4}{'MSE':>13}{'MAE':>12}{classes}")
     for r in results:
         row = r.row(labels)
         x = row["threshold_epsilon"] if x_threshold else row["epsilon"]
-        print(f"{row['label']:<16}{x:>9g}{row['theta_median']:>9g}{row['mse_mean']:>13.4g}{row['mae_mean']:>12.4g}")
+        per_class = "".join(f"{row['mse_' + name]:>16.4g}" for name, _, _ in LENGTH_CLASSES)
+        print(f"{row['label'][:23]:<24}{x:>9g}{row['theta_median']:>9g}{row['s_median']:>4g}{row['mse_mean']:>13.4g}"
+              f"{row['mae_mean']:>12.4g}{per_class}")
     print(f"wrote {out_dir / (stem + '.csv')}" + ("" if args.no_plot else f" and {out_dir / (stem + '.png')}"))
     return 0

@@ -193,7 +193,9 @@ TEMPLATE_DOCS: dict[str, str] = {
     "query_range": "r: longest range query the hierarchy serves; a new tree starts every r ticks.",
     "fanout": "b: fan-out of the hierarchy.",
     "smoother": "Predictor inside a leaf: recent, ema, mean, median, moving.",
-    "smoother_layers": "s: lowest layers replaced by the smoother (omit: chosen by Eq. 7).",
+    "smoother_layers": "s: lowest layers replaced by the smoother (omit: chosen from the holdout, see selection).",
+    "selection": "How the holdout chooses theta, s and the smoother's start: calibrated (default: an error model "
+                 "measured privately on the holdout) or paper (Eq. 6 and Eq. 7, the published choice).",
     "alpha": "Weight of the newest leaf in the EMA smoother.",
     "window": "Leaves the moving-average and median smoothers look back on.",
     "resolution": "Values are quantized to multiples of this before integer noise is added.",

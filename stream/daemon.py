@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from operators import ToPLConfig
+from operators.selection import prepare as prepare_selection
 from operators.topl_server import LocalServer
 from stream.config import STDIN_TEMPLATE, DaemonConfig, build_config, build_operator, load_config
 from stream.device import stream_control, threshold_control
@@ -134,6 +135,8 @@ class Daemon:
                 raise StartupError(msg) from None
             template = cfg.template
             method = cfg.streams.method
+            if method == "tops" and template.selection == "calibrated" and template.theta is None:
+                prepare_selection(template.fanout, template.query_range)  # a constant per hierarchy, now
             self.operator_factory = lambda name: build_operator(
                 template, method, derive_stream_key(master, name, identity=self.identity))
         clock = None

@@ -41,6 +41,7 @@ from stream.journal import Journal
 from stream.keys import derive_stream_key, load_master_key
 from stream.redelivery import Redeliveries
 from stream.router import ReleaseBatch, StreamRecord
+from stream.sources import published
 from stream.spill import Spill
 from stream.store import Store, StoreError
 from stream.ticking import PeriodBins
@@ -327,7 +328,7 @@ class Durability:
             return
         state = self._link_state
         pubs = state["pubs"]
-        while pubs and pubs[0][1].is_published():
+        while pubs and published(pubs[0][1]):
             state["confirmed"] = pubs.popleft()[0]
         red.confirm(state["confirmed"], connected=link.connected.is_set() and link.client is state["client"])
 
@@ -603,7 +604,7 @@ class Durability:
             return None
         items: list[tuple[str, bytes, bool, int]] = []
         if daemon.link is not None:
-            items += [item for info, item in daemon.link.inflight if not info.is_published()]
+            items += [item for info, item in daemon.link.inflight if not published(info)]
         items += list(daemon.pubq.items)
         return items
 

@@ -20,13 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from operators import SMOOTHERS, ConfigError, ToPS, ToPSConfig, new_key
+from operators.config import SELECTIONS
 from stream.inputs import InputError, read_stream
 from stream.keys import KeyFileError, check_identity, derive_stream_key, load_master_key, parse_hex_key
 
 __all__ = ["add_arguments", "config_from_args", "key_from_args", "main", "replay"]
 
 # the names of operators.baselines.METHODS (kept here so that `tops replay --help` does not import them)
-METHOD_NAMES = ("tops", "pak", "nm-e", "s-pak", "s-p", "h2", "h16", "h16c", "flat", "counter", "zero")
+METHOD_NAMES = ("tops", "tops-paper", "pak", "nm-e", "s-pak", "s-p", "h2", "h16", "h16c", "flat", "counter", "zero")
 
 
 def add_privacy_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,7 +44,9 @@ def add_privacy_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--fanout", type=int, default=16, help="b, fan-out of the hierarchy (default 16)")
     p.add_argument("--smoother", choices=SMOOTHERS, default="recent", help="smoother (default recent)")
-    p.add_argument("--smoother-layers", type=int, default=None, help="s; default: Eq. 7")
+    p.add_argument("--smoother-layers", type=int, default=None, help="s; default: chosen with theta (--selection)")
+    p.add_argument("--selection", choices=SELECTIONS, default="calibrated",
+                   help="how the holdout chooses theta and s: calibrated (default) or paper (Eq. 6, Eq. 7)")
     p.add_argument("--alpha", type=float, default=0.6, help="EMA weight (default 0.6)")
     p.add_argument("--window", type=int, default=8, help="leaves for the moving/median smoothers (default 8)")
     p.add_argument("--resolution", type=float, default=1.0, help="quantization step of values (default 1)")
@@ -104,6 +107,7 @@ def config_from_args(args: argparse.Namespace) -> ToPSConfig:
         threshold_epsilon=args.threshold_epsilon,
         theta=args.theta,
         lower=getattr(args, "lower", 0.0),
+        selection=getattr(args, "selection", "calibrated"),
     )
 
 

@@ -62,6 +62,16 @@ def _light_message_info() -> None:
 
 _light_message_info()
 
+
+def published(info: Any) -> bool:
+    """paho's ``is_published``, but False instead of an exception for a message that could not go out (paho raises
+    when its publish failed, e.g. the connection dropped while it was queued): it is then not confirmed, and is
+    published again after the reconnect like any other unconfirmed message."""
+    try:
+        return bool(info.is_published())
+    except (RuntimeError, ValueError):
+        return False
+
 __all__ = ["OVERLONG_LINE", "MqttLink", "ReadAheadSocket", "StdinSource", "TopicRouter", "backoff_delay"]
 
 log = logging.getLogger("tops.mqtt")
@@ -462,8 +472,8 @@ class MqttLink:
 
     def _after_connection(self, queue: IncomingQueue) -> None:
         """Put unconfirmed messages back and process what was received before the connection ended."""
-        pending = [item for info, item in self.inflight if not info.is_published()]
-        self.published_releases += sum(item[3] for info, item in self.inflight if info.is_published())
+        pending = [item for info, item in self.inflight if not published(info)]
+        self.published_releases += sum(item[3] for info, item in self.inflight if published(info))
         self.inflight.clear()
         self.pubq.requeue(pending)
         if self._acks_qos1 and self.settings.session == "persistent":
@@ -579,7 +589,7 @@ class MqttLink:
                     msg = f"publish refused (code {info.rc})"
                     raise aiomqtt.MqttError(msg)
                 inflight.append((info, item))
-            while inflight and inflight[0][0].is_published():
+            while inflight and published(inflight[0][0]):
                 self.published_releases += inflight.popleft()[1][3]
             if inflight:
                 await asyncio.sleep(0.001)  # writes and acknowledgements arrive through the event loop

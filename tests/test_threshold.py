@@ -38,10 +38,10 @@ def test_m_theta_and_scores_match_brute_force() -> None:
 
 
 def test_huge_epsilon_picks_the_argmax() -> None:
-    """With eps = 1e9 the noise is negligible: the reported index is the true argmax of Eq. 6."""
+    """With eps = 1e9 the noise is negligible: the reported index is the true argmax of Eq. 6 (paper selection)."""
     rng = np.random.default_rng(4)
     values = np.minimum(rng.gamma(2.0, 5.0, size=65536), 500).round()
-    cfg = ToPSConfig(epsilon=0.1, threshold_epsilon=1e9, bound=500, holdout=values.size)
+    cfg = ToPSConfig(epsilon=0.1, threshold_epsilon=1e9, bound=500, holdout=values.size, selection="paper")
     op = ToPS(cfg, key=bytes(32))
     op.process(values)
     cands = candidate_grid(500, 1.0)

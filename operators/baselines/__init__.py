@@ -6,7 +6,8 @@ Operators whose ``answers_from_nodes`` is true answer range queries from tree no
 
 | name | threshold phase | stream phase | paper |
 |---|---|---|---|
-| tops | NM-E (ToPS) | consistent 16-ary + Recent smoother (Ĥ16c) | ToPS |
+| tops | calibrated (operators.selection) | consistent 16-ary + Recent smoother (Ĥ16c) | ToPS, issue 12 |
+| tops-paper | NM-E (Eq. 6), s by Eq. 7 | the same | ToPS as published |
 | pak | S-PAK | binary tree, answers from nodes (H2) | PAK, Fig. 3 |
 | nm-e | NM-E | H2 | "NM-E", Fig. 3 |
 | s-pak | S-PAK | Ĥ16c | "Ĥ16c", Fig. 3; "S-PAK", Fig. 7 |
@@ -22,7 +23,7 @@ With ``config.theta`` set, every method skips its threshold phase and uses that 
 >>> import numpy as np
 >>> from operators.config import ToPSConfig
 >>> sorted(METHODS)
-['counter', 'flat', 'h16', 'h16c', 'h2', 'nm-e', 'pak', 's-p', 's-pak', 'tops', 'zero']
+['counter', 'flat', 'h16', 'h16c', 'h2', 'nm-e', 'pak', 's-p', 's-pak', 'tops', 'tops-paper', 'zero']
 >>> op = METHODS["h16c"](ToPSConfig(epsilon=1.0, bound=10, theta=4, query_range=256), bytes(32))
 >>> op.process(np.full(3, 2.0)).shape
 (3,)
@@ -71,8 +72,15 @@ def _tops(config: ToPSConfig, key: bytes) -> Any:
     return ToPS(config, key)
 
 
+def _tops_paper(config: ToPSConfig, key: bytes) -> Any:
+    from operators.tops import ToPS
+
+    return ToPS(config.replace(selection="paper"), key)
+
+
 METHODS: dict[str, Callable[[ToPSConfig, bytes], Any]] = {
     "tops": _tops,
+    "tops-paper": _tops_paper,
     "pak": pak,
     "nm-e": h2,
     "s-pak": s_pak,
@@ -88,6 +96,7 @@ METHODS: dict[str, Callable[[ToPSConfig, bytes], Any]] = {
 # how the paper's figures name them
 LABELS = {
     "tops": "ToPS",
+    "tops-paper": "ToPS (paper's choice)",
     "pak": "PAK",
     "nm-e": "NM-E (+H2)",
     "s-pak": "S-PAK (+Ĥ16c)",

@@ -57,24 +57,24 @@ def _config(fanout: int, r: int, s: int) -> ToPSConfig:
 class TwiceTheBudget(ToPS):
     """Node noise drawn at 2 eps / L (half the noise scale): true eps = 2 eps."""
 
-    def _start_release(self, theta_units, s=None):
-        super()._start_release(theta_units, s)
+    def _start_release(self, theta_units, s=None, start=None):
+        super()._start_release(theta_units, s, start=start)
         scale_noise_epsilon(self._noise, 2.0)
 
 
 class NoLayerSplit(ToPS):
     """Every layer at eps instead of eps / L: a tick's L nodes add up to L eps."""
 
-    def _start_release(self, theta_units, s=None):
-        super()._start_release(theta_units, s)
+    def _start_release(self, theta_units, s=None, start=None):
+        super()._start_release(theta_units, s, start=start)
         scale_noise_epsilon(self._noise, float(self._noise.layers))
 
 
 class NoTruncation(ToPS):
     """Noise calibrated to theta, but values truncated only to the bound B (sensitivity B, not theta)."""
 
-    def _start_release(self, theta_units, s=None):
-        super()._start_release(theta_units, s)
+    def _start_release(self, theta_units, s=None, start=None):
+        super()._start_release(theta_units, s, start=start)
         self.theta_units = self._bound_units
 
 
@@ -197,7 +197,7 @@ def test_two_runs_on_neighbouring_data(same_key: bool) -> None:
 
 
 # -- the threshold optimizer, with the stream's budget or its own -------------------------------------------------
-THR_CFG = ToPSConfig(epsilon=EPS, bound=2, holdout=100, query_range=4, fanout=2)
+THR_CFG = ToPSConfig(epsilon=EPS, bound=2, holdout=100, query_range=4, fanout=2, selection="paper")
 
 
 class IgnoresThresholdEpsilon(ToPS):
@@ -272,3 +272,41 @@ def test_threshold_optimizer_through_the_operator(variant: type[ToPS], thr_eps, 
         assert lb > claim
     else:
         assert 0.85 * claim <= lb <= claim
+
+
+# -- the calibrated selection (operators.selection): theta, s and the start together, threshold_epsilon-DP --------
+def test_calibrated_selection_on_neighbouring_holdouts() -> None:
+    """The whole calibrated choice on holdouts that differ in one value (0 -> B, in the middle of a block): for every
+    outcome (theta, s) fixed in advance (all candidates x all s), the Clopper-Pearson lower bound on eps stays below
+    the threshold budget (here 1). Without noise the outcomes would be deterministic and differ (flagged)."""
+    import operators.selection as sel
+    from operators.threshold import candidate_grid, holdout_histogram
+
+    m, b, r, bound = 2048, 4, 1024, 40
+    rng = np.random.default_rng(11)
+    d0 = np.minimum(rng.poisson(3.0, size=m), bound).astype(np.int64)
+    d0[1000] = 0
+    d1 = d0.copy()
+    d1[1000] = bound
+    cands = candidate_grid(bound, 1.0)
+
+    def outcomes(values: np.ndarray, label: str, n: int) -> np.ndarray:
+        hist = holdout_histogram(values, cands)
+        blocks = sel.BlockStats(b, m, bound, r)
+        blocks.add(values)
+        out = np.empty(n, dtype=np.int64)
+        for i in range(n):
+            c = sel.choose(hist, cands, blocks, gen=KeyedGenerator(audit_key(label, i)), epsilon=1.0,
+                           threshold_epsilon=EPS, holdout=m, query_range=r, fanout=b)
+            out[i] = c.theta_units * 16 + c.smoother_layers
+        return out
+
+    n = 3000
+    o0, o1 = outcomes(d0, "sel-0", n), outcomes(d1, "sel-1", n)
+    events = np.array([t * 16 + s for t in cands.tolist() for s in range(5)])
+    hits0 = np.array([(o0 == e).sum() for e in events])
+    hits1 = np.array([(o1 == e).sum() for e in events])
+    keep = (hits0 + hits1) > 0  # events that never happen on either side carry no information
+    assert keep.sum() >= 2
+    lb = eps_lower_bound(hits0[keep], hits1[keep], n, n)
+    assert lb <= EPS

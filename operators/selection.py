@@ -1,0 +1,392 @@
+"""Calibrated, private choice of the threshold theta, the smoothed layers s and the smoother's start (issue 12).
+
+The paper picks theta by Eq. 6 (a score with a guessed constant c = 60 and log_b r levels) and s by Eq. 7 (a bias
+term ``b^(2s) theta^2 / 36`` that does not look at the data). This module replaces both with one error model whose
+data-dependent parts are measured on the holdout, privately.
+
+**The error model.** For a range of uniform length l in [1, r] over the released ticks, with truncation at theta
+and a hierarchy of ``L = h - s`` layers at ``eps / L`` each, noise, truncation and smoothing add up (the noise is
+independent of the rest and has mean 0)::
+
+    MSE(theta, s) = G_s theta^2 / eps^2  +  E[l^2] (S_theta / m)^2  +  SM_s                         (model)
+
+* ``G_s theta^2 / eps^2`` is the noise. Node noise has variance ``2 (theta L / eps)^2``; ``G_s = 2 L^2 g_s`` where
+  ``g_s`` is the variance of a random range's answer when every node has unit-variance noise, after consistency
+  (App. C) and the recent smoother (App. D). This *is* the level constant of Eq. 6 derived from the hierarchy
+  actually used: Eq. 6 writes ``(b - 1) log_b(r)^3`` with 5 (paper) or 6 (reference code) levels whatever s is;
+  the hierarchy after smoothing has L = h - s levels and consistency lowers the node count. ``g_s`` is computed once
+  per (b, r, s) by propagating unit noise through the same two passes and the same smoother (a public computation
+  with a fixed seed, :func:`noise_gain`); for b = 16, r = 2^20 it gives G = 1,384 / 755 / 336 / 111 / 19 for
+  s = 0..4, where Eq. 6's constant ``2 (b-1) L^3`` would say 3,750 / 1,920 / 810 / 240 / 30 (and the reference
+  code's 6 levels 6,480 whatever s).
+* ``E[l^2] (S_theta / m)^2`` is the truncation bias: ``S_theta`` the sum of the holdout's excess over theta, so a
+  range of length l loses about ``l S_theta / m``; ``E[l^2] = (r + 1)(2r + 1) / 6``. It is written
+  ``S_theta = e m_theta``: Eq. 5's count of values above theta times their mean excess ``e`` (Eq. 6 guesses
+  ``e = c = 60``; here it is measured).
+* ``SM_s`` is the smoother's error at the two ends of a range: inside a leaf of ``w = b^s`` ticks the recent
+  smoother predicts ``j`` ticks by ``j/w`` times the previous leaf's sum. Writing the partial sum as its share of
+  the leaf sum plus a bridge, the squared error averaged over j is ``E[dS^2] / 3`` plus the bridge's
+  ``E[dS^2] / 12`` (exact for locally stationary data), with ``dS`` the difference of consecutive leaf sums; two
+  ends give ``SM_s = (5/6) E[dS_w^2]``, and ``E[dS^2] = (pi/2) E|dS|^2`` for a normal dS. It is measured on the
+  holdout for every s whose leaf fits at least twice in it; larger s are extrapolated by the growth of a stationary
+  series (x b per level); a level is never taken below b times the level under it (noise can not make a coarser
+  leaf look more predictable).
+* The first leaf starts from a prediction (below); its noise ``v`` per tick costs ranges cut in that leaf
+  ``(w / r) (w^2 / 3) Var(v)``.
+
+**Privately, from the holdout only** (``eps_T`` = the threshold budget, split by sequential composition; the
+shares are :data:`BUDGET_SPLIT`):
+
+1. 10% (more, up to 30%, taken from step 3 when m eps_T is small): ``q_k``, the candidate with about ``k`` holdout
+   values above it, ``k`` = twice the rank error of this step (as high in the tail as the budget can see), by the
+   exponential mechanism on 48 geometric points (utility ``-|m_t - k|``, sensitivity 1, not monotone: noise
+   ``Exp(2 / eps)``). When even 30% cannot get ``k <= m / 4``, theta comes from counts alone (``e = 1``) with the
+   shares of steps 1 and 2.
+2. 10%: ``e``, the mean excess of the values above ``q_k`` clipped at ``q_k``: the clipped sum (sensitivity q_k)
+   and the count (sensitivity 1), half each, exact discrete Laplace. The estimate's own variance is added to its
+   square (the expected squared bias under its noise), so a noisy e errs towards a larger theta.
+3. 15%: ``E|dS_w|`` for each measurable s at the values truncated at ``2^j <= 2 q_k`` (sensitivity ``2 cap / pairs``:
+   one value moves one leaf sum by at most cap, which enters two differences), more budget to coarser leaves
+   (shares 1 : 2 : 4 ...), rounded to 1/1024 and exact discrete Laplace. A result below 3 noise scales is not used.
+4. 55%: theta by report-noisy-max of ``u(theta) = -sqrt(m^2 min_s MSE_noise+smooth(theta, s) / (E[l^2] e^2) +
+   m_theta^2)`` (= -m RMSE / (sqrt(E[l^2]) e) of the model) over 72 candidates 5% apart in [q_k / 4, 8 q_k].
+   Only ``m_theta`` depends on the holdout once e and SM are released, ``sqrt(a^2 + x^2)`` is 1-Lipschitz in x and
+   every u moves the same way when a value grows (monotone): sensitivity 1, noise ``Exp(1 / eps)``.
+5. s = argmin of the model at the chosen theta (post-processing).
+6. 10%: the smoother's start. The paper starts every stream predicting ``theta / 2`` per tick for the first leaf,
+   which at s = 3 or 4 costs more than all the noise on some data. Here the start is the holdout's mean truncated at
+   theta: ``(sum min(v, theta) + DLap(theta / eps)) / m``, clipped to [0, theta].
+
+All noise comes from the keyed generator (domain THRESHOLD, addresses 1-5; Eq. 6's choice keeps address 0).
+
+>>> g = noise_gain(4, 256, 1)
+>>> 0 < g < 4 * 3          # below (b - 1) L nodes of unit variance
+True
+>>> noise_gain(4, 256, 1) == g     # computed once per configuration, deterministic
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from operators.config import tree_height
+from operators.hierarchy import layer_weight
+from operators.noise import DiscreteLaplace, Domain, KeyedGenerator
+from operators.threshold import m_theta, report_noisy_max, smoother_layers
+
+__all__ = [
+    "BUDGET_SPLIT",
+    "BlockStats",
+    "Selection",
+    "choose",
+    "noise_constant",
+    "noise_gain",
+    "prepare",
+    "range_length_moment",
+    "simulate_noise_gain",
+]
+
+BUDGET_SPLIT = {"quantile": 0.10, "excess": 0.10, "smoothing": 0.15, "threshold": 0.55, "start": 0.10}
+_MAX_QUANTILE_SHARE = 0.3
+_THETA_POINTS = 72  # theta candidates between q_k / 4 and 8 q_k, 5% apart
+_STEPS = 1024.0  # statistics are rounded to 1/1024 before their integer noise
+_QUANTILE_GRID = 48  # the percentile is searched on at most this many geometric points
+_SIM_QUERIES = 500
+_SIM_WORK = 1 << 21  # leaves + ranges simulated per (b, r, s) ...
+_SIM_MAX_REPS = 2048  # ... in at least 4 and at most 2,048 trees
+_SIM_MIN_REPS = 4
+_SIM_MAX_TICKS = 1 << 22
+
+
+def range_length_moment(query_range: int) -> float:
+    """``E[l^2]`` for a length uniform in [1, r]: ``(r + 1)(2r + 1) / 6``."""
+    r = float(query_range)
+    return (r + 1.0) * (2.0 * r + 1.0) / 6.0
+
+
+# noise_gain(16, 2^20, s) for s = 0..4, as simulate_noise_gain computes it (a test checks they agree): the default
+# hierarchy needs no simulation at start
+_DEFAULT_GAINS = {(16, 1 << 20): (27.672276286731705, 23.591737454449103, 18.676415056290914, 13.871178481940579,
+                                  9.667469783397872)}
+
+
+@lru_cache(maxsize=64)
+def noise_gain(fanout: int, query_range: int, s: int) -> float:
+    """``g_s`` of :func:`simulate_noise_gain`, from a table for the default hierarchy (b = 16, r = 2^20)."""
+    known = _DEFAULT_GAINS.get((fanout, query_range))
+    if known is not None and 0 <= s < len(known):
+        return known[s]
+    return simulate_noise_gain(fanout, query_range, s)
+
+
+def simulate_noise_gain(fanout: int, query_range: int, s: int) -> float:
+    """``g_s``: variance of a uniform random range's answer when every node has unit-variance noise.
+
+    Propagates Gaussian unit noise (public simulation, fixed seed: a constant of the mechanism, not privacy noise)
+    through Hay's two passes over a whole tree and the recent smoother, exactly as the perturber does, and averages
+    the squared error of 500 random ranges per tree over 4 to 2,048 trees (2^21 leaves and ranges in all; well
+    under a second per configuration, once per process; the default one is a table). Trees longer than 2^22 ticks
+    fall back to the count of Eq. 6, ``(b - 1) L``.
+    """
+    b, r = fanout, query_range
+    h = tree_height(r, b)
+    layers = h - s
+    w = b**s
+    if r > _SIM_MAX_TICKS:
+        return float((b - 1) * layers)
+    rng = np.random.Generator(np.random.PCG64(20211115))
+    n_leaves = r // w
+    reps = min(_SIM_MAX_REPS, max(_SIM_MIN_REPS, _SIM_WORK // (n_leaves + _SIM_QUERIES)))
+    chunk = max(1, min(reps, (1 << 18) // (n_leaves + _SIM_QUERIES)))  # trees simulated together, a row each
+    total, done_reps = 0.0, 0
+    while done_reps < reps:
+        k = min(chunk, reps - done_reps)
+        zs = []
+        n = n_leaves
+        for j in range(layers):
+            x = rng.standard_normal((k, n))
+            if j == 0:
+                z = x
+            else:
+                a = layer_weight(j + 1, b)
+                z = a * x + (1.0 - a) * zs[-1].reshape(k, -1, b).sum(axis=2)
+            zs.append(z)
+            n //= b
+        c = zs[-1]
+        for j in range(layers - 2, -1, -1):
+            z = zs[j]
+            c = z + np.repeat((c - z.reshape(k, -1, b).sum(axis=2)) / b, b, axis=1)
+        # cumulative release noise up to tick t = k w + j: the leaves before k, plus j ticks at leaf k's prediction
+        done = np.concatenate([np.zeros((k, 1)), np.cumsum(c, axis=1)], axis=1)
+        pred = np.concatenate([np.zeros((k, 1)), c / w], axis=1)
+        length = rng.integers(1, r + 1, size=(k, _SIM_QUERIES))
+        start = (rng.random((k, _SIM_QUERIES)) * (r - length + 1)).astype(np.int64)
+        end = start + length
+        rows = np.arange(k)[:, None]
+        err = (done[rows, end // w] + (end % w) * pred[rows, end // w]) - (
+            done[rows, start // w] + (start % w) * pred[rows, start // w]
+        )
+        total += float(np.sum(np.mean(err**2, axis=1)))
+        done_reps += k
+    return total / reps
+
+
+def prepare(fanout: int, query_range: int) -> None:
+    """Compute every ``g_s`` of a hierarchy now (the daemon calls it at start, so that no stream's end of holdout
+    waits for the simulation)."""
+    for s in range(tree_height(query_range, fanout)):
+        noise_gain(fanout, query_range, s)
+
+
+def noise_constant(fanout: int, query_range: int, s: int) -> float:
+    """``G_s = 2 L^2 g_s``: the noise of a random range is ``G_s theta^2 / eps^2`` (theta in quantized units)."""
+    layers = tree_height(query_range, fanout) - s
+    return 2.0 * layers**2 * noise_gain(fanout, query_range, s)
+
+
+class BlockStats:
+    """Sufficient statistics of the holdout for ``E|dS_w|``: per leaf width and per cap ``2^k``, the partial sum
+    of the current block, the previous block's sum and the sum of absolute differences (O(widths * caps) numbers)."""
+
+    def __init__(self, fanout: int, holdout: int, bound_units: int, query_range: int) -> None:
+        h = tree_height(query_range, fanout)
+        self.widths = [fanout**s for s in range(1, h) if 2 * fanout**s <= holdout]
+        top = max(0, math.floor(math.log2(max(bound_units, 1))))
+        self.caps = np.array([2**k for k in range(top + 1)], dtype=np.int64)
+        shape = (len(self.widths), len(self.caps))
+        self.pos = 0
+        self.partial = np.zeros(shape, dtype=np.int64)
+        self.prev = np.full(shape, -1, dtype=np.int64)
+        self.acc = np.zeros(shape, dtype=np.float64)
+        self.pairs = np.zeros(len(self.widths), dtype=np.int64)
+
+    def add(self, units: np.ndarray) -> None:
+        units = np.asarray(units, dtype=np.int64)
+        if units.size == 0 or not self.widths:
+            self.pos += units.size
+            return
+        tr = np.minimum(units[None, :], self.caps[:, None])  # caps x n
+        cum = np.concatenate([np.zeros((len(self.caps), 1), dtype=np.int64), np.cumsum(tr, axis=1)], axis=1)
+        n = units.size
+        for i, w in enumerate(self.widths):
+            ends = np.arange(w - self.pos % w, n + 1, w)  # positions (in this batch) where a block completes
+            if ends.size == 0:
+                self.partial[i] += cum[:, n] - cum[:, 0]
+                continue
+            starts = np.concatenate([[0], ends[:-1]])
+            sums = cum[:, ends] - cum[:, starts]  # caps x completed blocks
+            sums[:, 0] += self.partial[i]
+            seq = sums if self.prev[i, 0] < 0 else np.concatenate([self.prev[i][:, None], sums], axis=1)
+            if seq.shape[1] > 1:
+                self.acc[i] += np.abs(np.diff(seq, axis=1)).sum(axis=1)
+                self.pairs[i] += seq.shape[1] - 1
+            self.prev[i] = sums[:, -1]
+            self.partial[i] = cum[:, n] - cum[:, ends[-1]]
+        self.pos += n
+
+    def to_dict(self) -> dict:
+        return {
+            "pos": self.pos,
+            "partial": self.partial.tolist(),
+            "prev": self.prev.tolist(),
+            "acc": self.acc.tolist(),
+            "pairs": self.pairs.tolist(),
+        }
+
+    def load(self, d: dict) -> None:
+        self.pos = int(d["pos"])
+        self.partial = np.array(d["partial"], dtype=np.int64).reshape(self.partial.shape)
+        self.prev = np.array(d["prev"], dtype=np.int64).reshape(self.prev.shape)
+        self.acc = np.array(d["acc"], dtype=np.float64).reshape(self.acc.shape)
+        self.pairs = np.array(d["pairs"], dtype=np.int64).reshape(self.pairs.shape)
+
+    def nbytes(self) -> int:
+        return int(self.partial.nbytes + self.prev.nbytes + self.acc.nbytes + self.pairs.nbytes)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the calibrated choice decided (quantized units), and whether Eq. 6 chose theta (small budgets)."""
+
+    theta_units: int
+    smoother_layers: int
+    start_units: float
+    fallback: bool
+
+
+def _dlap(gen: KeyedGenerator, address: int, index: int, epsilon: float, sensitivity: float) -> int | None:
+    """One exact discrete Laplace draw at ``sensitivity / epsilon``; None when that scale is above the sampler's
+    range (2^36: the statistic would be noise only, so it is not used at all). Below 2^-10 the scale is raised to it
+    (more noise than needed, never less)."""
+    sens = max(1, math.ceil(sensitivity))
+    if sens / epsilon > 2.0**36:
+        return None
+    noise = DiscreteLaplace(epsilon=min(epsilon, sens * 1024.0), sensitivity=sens)
+    return int(gen.discrete_laplace(Domain.THRESHOLD, address, index, 1, noise)[0])
+
+
+def choose(
+    hist: np.ndarray,
+    candidates: np.ndarray,
+    blocks: BlockStats,
+    *,
+    gen: KeyedGenerator,
+    epsilon: float,
+    threshold_epsilon: float,
+    holdout: int,
+    query_range: int,
+    fanout: int,
+    fixed_s: int | None = None,
+) -> Selection:
+    """The calibrated (theta, s, start) from the holdout histogram and block statistics; ``threshold_epsilon``-DP.
+
+    ``hist`` has ``len(candidates) + 1`` bins (``operators.threshold.holdout_histogram``); a value in bin k is taken
+    as ``candidates[k]`` (exact while the grid holds every integer; on the geometric part of a huge grid, its upper
+    edge).
+    """
+    m = holdout
+    h = tree_height(query_range, fanout)
+    n_cand = len(candidates)
+    values = np.concatenate([candidates, [candidates[-1]]]).astype(np.float64)
+    hist = np.asarray(hist, dtype=np.float64)
+    counts_above = m_theta(hist.astype(np.int64))
+    s_options = [fixed_s] if fixed_s is not None else list(range(h))
+    G = {s: noise_constant(fanout, query_range, s) for s in s_options}
+    moment = range_length_moment(query_range)
+    geo = np.unique(np.searchsorted(candidates, np.geomspace(candidates[0], candidates[-1], _QUANTILE_GRID)))
+    geo = geo[geo < n_cand]
+    # the percentile's share: at least 10%, more (up to 30%, taken from theta's) so that top_k <= m / 4
+    share_q = max(BUDGET_SPLIT["quantile"], 8.0 * math.log(max(geo.size, 2)) / (0.25 * m * threshold_epsilon))
+    fallback = share_q > _MAX_QUANTILE_SHARE
+    share_q = min(share_q, _MAX_QUANTILE_SHARE)
+    eps_q = share_q * threshold_epsilon
+    eps_t = (BUDGET_SPLIT["threshold"] - (share_q - BUDGET_SPLIT["quantile"])) * threshold_epsilon
+    rank_error = 4.0 * math.log(max(geo.size, 2)) / eps_q  # of the exponential mechanism at eps_q / 2
+    top_k = 2.0 * rank_error
+    if not fallback:  # 1. the value with top_k holdout values above it (as high as this budget can see)
+        util = -np.abs(counts_above[geo] - top_k)
+        pick = report_noisy_max(util, gen.uniforms(int(Domain.THRESHOLD), 1, 0, geo.size), eps_q / 2)
+        q_k = int(candidates[geo[pick]])
+        q = 2 * q_k  # where the model compares the s (a typical threshold)
+        scale_ref = q
+        # 1b. the mean excess of the values above q_k (the paper's constant c, measured): sum and count, halves
+        eps_e = BUDGET_SPLIT["excess"] * threshold_epsilon / 2.0
+        far = float(max(q_k, 1))
+        excess_sum = float(np.dot(hist, np.clip(values - q_k, 0.0, far)))
+        n_sum, n_count = _dlap(gen, 5, 0, eps_e, far), _dlap(gen, 5, 1, eps_e, 1.0)
+        if n_sum is None or n_count is None:
+            mean_excess = 1.0
+        else:
+            at = int(np.searchsorted(candidates, q_k))
+            noisy_count = max(float(counts_above[at] + n_count), 1.0)
+            mean_excess = min(max((round(excess_sum) + n_sum) / noisy_count, 1.0), far)
+            # the expected squared bias counts the estimate's own noise: E[e^2] = e^2 + Var(e) (both halves' noise)
+            var = 2.0 * (far / (eps_e * noisy_count)) ** 2 + 2.0 * (mean_excess / (eps_e * noisy_count)) ** 2
+            mean_excess = math.sqrt(mean_excess**2 + var)
+    else:  # too little budget for a useful quantile: theta now, from counts (C = 1), with the two shares
+        eps_t += eps_q + BUDGET_SPLIT["excess"] * threshold_epsilon
+        s_pre = min(s_options, key=lambda s: G[s])
+        thetas = candidates.astype(np.float64)
+        util = -np.sqrt(m * m * G[s_pre] * thetas**2 / epsilon**2 / moment + counts_above.astype(np.float64) ** 2)
+        q = int(candidates[report_noisy_max(util, gen.uniforms(int(Domain.THRESHOLD), 4, 0, n_cand), eps_t)])
+        scale_ref = q
+    # 2. smoothing error per measurable s
+    cap_k = int(np.searchsorted(blocks.caps, max(scale_ref, 1), side="right")) - 1
+    cap_k = max(0, min(cap_k, len(blocks.caps) - 1))
+    cap = float(blocks.caps[cap_k])
+    sm = {0: 0.0}
+    weights = [2.0**i for i in range(len(blocks.widths))]  # coarser leaves have fewer pairs: more budget
+    last = 0.0
+    for i, _w in enumerate(blocks.widths):
+        s = i + 1
+        pairs = int(blocks.pairs[i])
+        if pairs < 1:
+            break
+        eps_each = BUDGET_SPLIT["smoothing"] * threshold_epsilon * weights[i] / sum(weights)
+        stat = blocks.acc[i, cap_k] / pairs  # mean |dS|, released in 1/1024 steps
+        sens = 2.0 * cap / pairs
+        noise = _dlap(gen, 2, i, eps_each, sens * _STEPS + 1.0)
+        scale = math.ceil(sens * _STEPS + 1.0) / eps_each / _STEPS
+        noisy = None if noise is None else (round(stat * _STEPS) + noise) / _STEPS
+        # below 3 noise scales a measurement says little (Laplace noise passes it with probability e^-3 / 2 = 2.5%):
+        # take the level below's growth instead
+        trusted = noisy is not None and noisy > 3.0 * scale
+        square = math.pi / 2.0 * noisy * noisy if trusted else 0.0  # E[dS^2] = pi/2 E|dS|^2 (Gaussian dS)
+        last = max(square, fanout * last)
+        sm[s] = 5.0 / 6.0 * last
+    top_measured = max(sm)
+    for s in range(top_measured + 1, h):
+        sm[s] = sm[s - 1] * fanout
+    if top_measured == 0 and fixed_s is None:  # nothing measurable: noise alone would always pick s = h - 1
+        s_options = [min(smoother_layers(epsilon, query_range, fanout), h - 1)]
+
+    eps_s = BUDGET_SPLIT["start"] * threshold_epsilon
+
+    def model(theta: float, s: int) -> float:
+        w = fanout**s
+        start_var = 2.0 * (theta / (eps_s * m)) ** 2  # the start's noise, per tick
+        first_leaf = min(1.0, w / query_range) * w * w / 3.0 * start_var  # ranges cut in the first leaf
+        return G[s] * theta * theta / (epsilon * epsilon) + sm[s] + first_leaf
+
+    if not fallback:  # 3. theta by report-noisy-max of the calibrated RMSE
+        grid = np.geomspace(max(q_k / 4.0, float(candidates[0])), 8.0 * q_k, _THETA_POINTS)
+        idx = np.unique(np.minimum(np.searchsorted(candidates, grid), n_cand - 1))
+        thetas = candidates[idx].astype(np.float64)  # at most 72 points, 5% apart (fewer candidates, less noise)
+        above = counts_above[np.searchsorted(candidates, thetas)].astype(np.float64)
+        best_s = np.array([min(model(t, s) for s in s_options) for t in thetas.tolist()])  # public given sm
+        util = -np.sqrt(m * m * best_s / (moment * mean_excess**2) + above**2)
+        k = report_noisy_max(util, gen.uniforms(int(Domain.THRESHOLD), 4, 0, thetas.size), eps_t)
+        theta = int(thetas[k])
+    else:
+        theta = q
+    s = min(s_options, key=lambda s: model(theta, s))  # 4. post-processing
+    # 5. the smoother's start
+    total = float(np.dot(hist, np.minimum(values, theta)))
+    noise = _dlap(gen, 3, 0, eps_s, theta)
+    start = theta / 2.0 if noise is None else min(max((round(total) + noise) / m, 0.0), float(theta))
+    return Selection(theta, s, start, fallback)
