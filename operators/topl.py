@@ -41,20 +41,26 @@ import numpy as np
 
 from operators.config import ConfigError, check_holdout, check_int_at_least, check_positive
 from operators.local.hybrid import hybrid_report
+from operators.local.rounds import HoldoutRounds
 from operators.local.square_wave import (
     DensityEstimate,
-    square_wave_histogram,
     square_wave_parameters,
     square_wave_perturb,
 )
 from operators.local.threshold import ThresholdEstimate, threshold_from_reports
 from operators.noise import Domain, KeyedGenerator
 
-__all__ = ["LOCAL_ADDRESS_HYBRID", "LOCAL_ADDRESS_SQUARE_WAVE", "ToPL", "ToPLConfig", "choose_threshold"]
+__all__ = [
+    "LOCAL_ADDRESS_HYBRID",
+    "LOCAL_ADDRESS_SQUARE_WAVE",
+    "ToPL",
+    "ToPLConfig",
+    "choose_threshold",
+]
 
 LOCAL_ADDRESS_SQUARE_WAVE = 1  # Domain.LOCAL address of the SW uniforms (one per tick)
 LOCAL_ADDRESS_HYBRID = 2  # Domain.LOCAL address of the HM uniforms (two per tick: select, mechanism)
-_SNAPSHOT_VERSION = 1
+_SNAPSHOT_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +90,9 @@ class ToPLConfig:
         A fixed public threshold: no holdout, every tick is released.
     prune
         Apply SW-W pruning to the density (Section 4.1). Off only for comparisons.
+    refine
+        Report the holdout in rounds that zoom in on the data when the bound dwarfs it
+        (:mod:`operators.local.rounds`). Off: one round over ``[0, B]``.
     """
 
     epsilon: float
@@ -95,6 +104,7 @@ class ToPLConfig:
     resolution: float | None = 1.0
     theta: float | None = None
     prune: bool = True
+    refine: bool = True
 
     def __post_init__(self) -> None:
         check_positive("epsilon", self.epsilon)
@@ -125,6 +135,9 @@ class ToPLConfig:
                 raise ConfigError(msg)
         if not isinstance(self.prune, bool):
             msg = "prune must be true or false"
+            raise ConfigError(msg)
+        if not isinstance(self.refine, bool):
+            msg = "refine must be true or false"
             raise ConfigError(msg)
 
     @property
@@ -191,7 +204,12 @@ class ToPL:
         self.clamped = 0
         self.estimate: DensityEstimate | None = None
         self._sw_b = square_wave_parameters(config.threshold_budget)[0]
-        self._counts = np.zeros(config.buckets, dtype=np.int64)
+        self._rounds = HoldoutRounds(config)
+
+    @property
+    def domain(self) -> float:
+        """The domain holdout reports are made over now: ``B``, or smaller once a round zoomed in."""
+        return self._rounds.domain
 
     def __repr__(self) -> str:
         return f"ToPL(phase={self.phase!r}, ticks={self.ticks}, theta={self.theta!r})"
@@ -230,16 +248,20 @@ class ToPL:
         v = np.clip(v, 0.0, cfg.bound)
         out = np.full(v.size, np.nan)
         done = 0
-        if self.theta is None:
-            k = min(v.size, self.holdout_left)
+        rounds = self._rounds
+        while self.theta is None and done < v.size:
+            k = min(v.size - done, rounds.room())
             if k:
+                dom = rounds.domain
                 u = self._gen.uniforms(Domain.LOCAL, LOCAL_ADDRESS_SQUARE_WAVE, self.ticks, k)
-                y = square_wave_perturb(v[:k] / cfg.bound, cfg.threshold_budget, u, self._sw_b)
-                self._counts += square_wave_histogram(y, self._sw_b, cfg.buckets)
+                rounds.add_unit(square_wave_perturb(np.minimum(v[done : done + k], dom) / dom,
+                                                    cfg.threshold_budget, u, self._sw_b))
                 self.ticks += k
-                done = k
+                done += k
             if self.holdout_left == 0:
                 self._choose_threshold()
+            elif not k:
+                break
         rest = v.size - done
         if rest:
             assert self.theta is not None
@@ -249,7 +271,7 @@ class ToPL:
         return out
 
     def _choose_threshold(self) -> None:
-        est = choose_threshold(self.config, counts=self._counts)
+        est = self._rounds.estimate()
         self.theta = est.theta
         self.estimate = est.estimate
 
@@ -261,18 +283,15 @@ class ToPL:
             "ticks": self.ticks,
             "clamped": self.clamped,
             "theta": self.theta,
-            "sw_counts": self._counts.tolist(),
+            "rounds": self._rounds.to_dict(),
         }
 
     @classmethod
     def restore(cls, config: ToPLConfig, key: bytes, snapshot: dict[str, Any]) -> ToPL:
-        """A ToPL continuing from ``snapshot`` (taken under the same config and key)."""
-        if snapshot.get("version") != _SNAPSHOT_VERSION or snapshot.get("operator") != "topl":
+        """A ToPL continuing from ``snapshot`` (taken under the same config and key; a version-1 snapshot, from
+        before the holdout had rounds, continues in one round over ``[0, B]``)."""
+        if snapshot.get("version") not in (1, _SNAPSHOT_VERSION) or snapshot.get("operator") != "topl":
             msg = "not a ToPL snapshot of a supported version"
-            raise ValueError(msg)
-        counts = np.asarray(snapshot["sw_counts"], dtype=np.int64)
-        if counts.shape != (config.buckets,) or (counts < 0).any():
-            msg = "snapshot does not match the configuration (sw_counts)"
             raise ValueError(msg)
         ticks, theta = int(snapshot["ticks"]), snapshot["theta"]
         if config.theta is not None and theta != config.theta:
@@ -281,9 +300,17 @@ class ToPL:
         if ticks < 0 or (theta is None) != (ticks < config.holdout_ticks):
             msg = "snapshot does not match the configuration (ticks)"
             raise ValueError(msg)
+        if "rounds" in snapshot:
+            rounds = HoldoutRounds.from_dict(config, snapshot["rounds"])
+        else:
+            counts = np.asarray(snapshot["sw_counts"], dtype=np.int64)
+            if counts.shape != (config.buckets,) or (counts < 0).any():
+                msg = "snapshot does not match the configuration (sw_counts)"
+                raise ValueError(msg)
+            rounds = HoldoutRounds.single(config, counts, min(ticks, config.holdout_ticks))
         topl = cls(config, key)
         topl.ticks = ticks
         topl.clamped = int(snapshot["clamped"])
         topl.theta = None if theta is None else float(theta)
-        topl._counts = counts
+        topl._rounds = rounds
         return topl

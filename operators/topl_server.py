@@ -3,7 +3,10 @@
 Phase ``holdout`` (the device side calls it ``threshold``): the first ``m`` Square Wave reports (in reading units,
 ``y * B``) are counted over the SW report buckets; when ``m`` have arrived, theta is chosen exactly as
 ``tops replay --mode local`` chooses it (:func:`operators.topl.choose_threshold`: EM without smoothing, SW-W
-pruning, Eq. 8 with Var from Eq. 22). Phase ``releasing`` (devices: ``stream``): a tick's value is the sum of the
+pruning, Eq. 8 with Var from Eq. 22). With ``refine`` (default) the holdout comes in rounds that may zoom in on the
+data (:mod:`operators.local.rounds`): after a zoom the control message asks the devices for Square Wave over
+``[0, U]``, and only reports made over that domain (they say so) count from then on.
+Phase ``releasing`` (devices: ``stream``): a tick's value is the sum of the
 unbiased Hybrid reports of that tick, released as it is (no smoother: a range sum is a plain sum).
 
 Every step is post-processing of eps-LDP reports, so nothing here spends budget.
@@ -27,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from operators.local.hybrid import hybrid_scale
-from operators.local.square_wave import square_wave_histogram, square_wave_parameters
-from operators.topl import ToPLConfig, choose_threshold
+from operators.local.rounds import HoldoutRounds
+from operators.local.square_wave import square_wave_parameters
+from operators.topl import ToPLConfig
 
 __all__ = ["LocalServer"]
 
@@ -52,7 +56,13 @@ class LocalServer:
         self.received = 0  # holdout reports counted
         self.clamped = 0
         self._sw_b = square_wave_parameters(config.threshold_budget)[0]
-        self._counts = np.zeros(config.buckets, dtype=np.int64)
+        self._rounds = HoldoutRounds(config)
+        self.control_changed = False  # a round zoomed in: the devices must be told the new domain
+
+    @property
+    def sw_domain(self) -> float:
+        """The domain holdout reports are made over now: ``B``, or smaller once a round zoomed in."""
+        return self._rounds.domain
 
     def __repr__(self) -> str:
         return f"LocalServer(phase={self.phase!r}, theta={self.theta!r})"
@@ -72,14 +82,19 @@ class LocalServer:
     def report_range(self) -> tuple[float, float]:
         """Where honest reports of this phase lie (Square Wave: ``[-b B, (1+b) B]``; Hybrid: theta (1 +- S)/2)."""
         if self.theta is None:
-            return -self._sw_b * self.config.bound, (1.0 + self._sw_b) * self.config.bound
+            return -self._sw_b * self.sw_domain, (1.0 + self._sw_b) * self.sw_domain
         s = hybrid_scale(self.config.epsilon)
         return 0.5 * self.theta * (1.0 - s), 0.5 * self.theta * (1.0 + s)
 
     def accepts(self, phase: str, theta: float | None, report: float) -> str:
-        """``ok``, ``stale`` (made for another phase or theta) or ``invalid`` (outside the honest range)."""
+        """``ok``, ``stale`` (made for another phase, theta or domain) or ``invalid`` (outside the honest range).
+
+        A holdout report's ``theta`` slot carries the domain it was made over (absent: ``B``)."""
         if self.theta is None:
             if phase != "threshold":
+                return "stale"
+            made = self.config.bound if theta is None else theta
+            if not math.isclose(made, self.sw_domain, rel_tol=1e-12):
                 return "stale"
         elif phase != "stream" or theta is None or not math.isclose(theta, self.theta, rel_tol=1e-12):
             return "stale"
@@ -91,12 +106,20 @@ class LocalServer:
         """Count holdout Square Wave reports (reading units); choose theta when ``m`` have arrived."""
         if self.theta is not None:
             return
+        rounds = self._rounds
         r = np.asarray(reports, dtype=np.float64)[: self.holdout_left]
-        if r.size:
-            self._counts += square_wave_histogram(r / self.config.bound, self._sw_b, self.config.buckets)
-            self.received += int(r.size)
+        while r.size:
+            k = min(r.size, rounds.room())
+            if not k:
+                break
+            dom = rounds.domain
+            self.received += k
+            if rounds.add_unit(r[:k] / dom):
+                self.control_changed = True
+                break  # the rest of this batch was made over the old domain: not counted
+            r = r[k:]
         if self.holdout_left == 0:
-            self.theta = float(choose_threshold(self.config, counts=self._counts).theta)
+            self.theta = float(rounds.estimate().theta)
 
     def process(self, values: Any) -> np.ndarray:
         """Release the ticks: NaN before theta is known, else the tick's sum of unbiased reports."""
@@ -119,7 +142,7 @@ class LocalServer:
             "received": self.received,
             "theta": self.theta,
             "phase": self.phase,
-            "sw_counts": self._counts.tolist() if self.theta is None else None,
+            "rounds": self._rounds.to_dict() if self.theta is None else None,
         }
 
     @classmethod
@@ -132,9 +155,12 @@ class LocalServer:
         srv.received = int(snapshot["received"])
         srv.theta = snapshot["theta"]
         if srv.theta is None:
-            counts = np.asarray(snapshot["sw_counts"], dtype=np.int64)
-            if counts.shape != (config.buckets,):
-                msg = "snapshot does not match the configuration (sw_counts)"
-                raise ValueError(msg)
-            srv._counts = counts
+            if snapshot.get("rounds") is not None:
+                srv._rounds = HoldoutRounds.from_dict(config, snapshot["rounds"])
+            else:  # saved before the holdout had rounds: one round over [0, B]
+                counts = np.asarray(snapshot["sw_counts"], dtype=np.int64)
+                if counts.shape != (config.buckets,):
+                    msg = "snapshot does not match the configuration (sw_counts)"
+                    raise ValueError(msg)
+                srv._rounds = HoldoutRounds.single(config, counts, srv.received)
         return srv

@@ -111,6 +111,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", default=".", help="where NAME.csv and NAME.png go (default .)")
     p.add_argument("--name", help="file name stem (default DATA-stem_figN or DATA-stem_compare)")
     p.add_argument("--no-plot", action="store_true", help="write the CSV only")
+    p.add_argument("--mode", choices=("central", "local"), default="central",
+                   help="central (default: ToPS and the paper's baselines) or local (ToPL against the authors' "
+                        "reference, always zero and the true density's theta; eps default 0.2,...,4)")
 
 
 def extend(x: np.ndarray, n: int) -> np.ndarray:
@@ -320,6 +323,10 @@ def _grid(eps: tuple[float, ...], thr: tuple[float, ...] | None) -> tuple[list[t
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "mode", "central") == "local":
+        from stream.compare_local import main_local
+
+        return main_local(args)
     preset = FIGURES.get(args.figure or "", {})
     try:
         if args.bound is None:

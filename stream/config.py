@@ -153,6 +153,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "streams": Field("strlist", [], "Streams created at start in mode `local` (devices wait for their "
                          "control message before they report, so the daemon must know them first). Required "
                          "in mode `local`."),
+        "refine": Field("bool", True, "Report the holdout in rounds that zoom in on the data when the bound dwarfs "
+                        "it: after 1/8 and 1/4 of the holdout the control message may name a smaller Square Wave "
+                        "`domain` (devices clamp to it). `false`: one round over [0, B]."),
     },
     "state": {
         "data_dir": Field("str", "auto", "Directory of the state store (`state.db`) and the input journal "

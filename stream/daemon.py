@@ -125,7 +125,8 @@ class Daemon:
         if self.operator_factory is None and self.local:
             t = cfg.template
             topl = ToPLConfig(epsilon=t.epsilon, bound=t.bound, threshold_epsilon=t.threshold_epsilon,
-                              holdout=t.holdout, query_range=t.query_range, resolution=t.resolution, theta=t.theta)
+                              holdout=t.holdout, query_range=t.query_range, resolution=t.resolution, theta=t.theta,
+                              refine=cfg.local.refine)
             self.operator_factory = lambda name: LocalServer(topl)
         elif self.operator_factory is None:
             try:
@@ -531,7 +532,7 @@ class Daemon:
         """Local mode: the retained control message devices follow (Square Wave phase, then Hybrid with theta)."""
         op, t = rec.operator, self.cfg.template
         if op.theta is None:
-            msg = threshold_control(rec.name, op.config.threshold_budget, t.bound, op.sw_b)
+            msg = threshold_control(rec.name, op.config.threshold_budget, t.bound, op.sw_b, domain=op.sw_domain)
         else:
             msg = stream_control(rec.name, t.epsilon, op.theta)
         topic = self.cfg.local.control_topic.replace("{stream}", rec.name)

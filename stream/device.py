@@ -143,12 +143,18 @@ class Control:
     theta: float | None = None
     lower: float = 0.0
     mechanism: str = ""
+    domain: float | None = None  # threshold phase: Square Wave over [0, domain] (the fine round), else [0, bound]
+
+    @property
+    def sw_domain(self) -> float:
+        assert self.bound is not None
+        return self.bound if self.domain is None else self.domain
 
     def report_range(self) -> tuple[float, float]:
         """The interval every honest report of this phase lies in (the server may reject reports outside it)."""
         if self.phase == PHASE_THRESHOLD:
             assert self.bound is not None and self.sw_b is not None
-            return -self.sw_b * self.bound, (1.0 + self.sw_b) * self.bound
+            return -self.sw_b * self.sw_domain, (1.0 + self.sw_b) * self.sw_domain
         assert self.theta is not None
         s = hybrid_scale(self.epsilon)
         return 0.5 * self.theta * (1.0 - s), 0.5 * self.theta * (1.0 + s)
@@ -158,6 +164,8 @@ class Control:
         msg: dict[str, Any] = {"stream": self.stream, "phase": self.phase, "epsilon": self.epsilon}
         if self.phase == PHASE_THRESHOLD:
             msg.update(bound=self.bound, mechanism=MECHANISMS[PHASE_THRESHOLD], sw_b=self.sw_b)
+            if self.domain is not None:
+                msg["domain"] = self.domain
         else:
             msg.update(theta=self.theta, mechanism=MECHANISMS[PHASE_STREAM])
         return msg
@@ -217,8 +225,16 @@ def parse_control(message: Any, stream: str | None = None) -> Control:
         if not math.isfinite(bound):
             msg = "control field 'bound' must be finite"
             raise ControlError(msg)
+        domain = None
+        if message.get("domain") is not None:
+            domain = _number(message, "domain")
+            if domain > bound:
+                msg = "control field 'domain' must not exceed 'bound'"
+                raise ControlError(msg, "bound")
+            if domain == bound:
+                domain = None
         return Control(stream=name, phase=phase, epsilon=epsilon, bound=bound, sw_b=sw_b, lower=float(lower),
-                       mechanism=MECHANISMS[phase])
+                       mechanism=MECHANISMS[phase], domain=domain)
     theta = _number(message, "theta")
     if not math.isfinite(theta):
         msg = "control field 'theta' must be finite"
@@ -227,11 +243,15 @@ def parse_control(message: Any, stream: str | None = None) -> Control:
                    mechanism=MECHANISMS[phase])
 
 
-def threshold_control(stream: str, epsilon: float, bound: float, sw_b: float | None = None) -> dict[str, Any]:
-    """The phase-1 control message (Square Wave on ``[0, bound]``; ``sw_b`` from Eq. 16 unless given)."""
+def threshold_control(
+    stream: str, epsilon: float, bound: float, sw_b: float | None = None, domain: float | None = None
+) -> dict[str, Any]:
+    """The phase-1 control message (Square Wave on ``[0, bound]``, or on ``[0, domain]`` in the fine round;
+    ``sw_b`` from Eq. 16 unless given)."""
     b = square_wave_parameters(epsilon, sw_b)[0]
+    dom = None if domain is None or domain >= bound else float(domain)
     return Control(
-        stream=stream, phase=PHASE_THRESHOLD, epsilon=float(epsilon), bound=float(bound), sw_b=b
+        stream=stream, phase=PHASE_THRESHOLD, epsilon=float(epsilon), bound=float(bound), sw_b=b, domain=dom
     ).to_message()
 
 
@@ -375,7 +395,7 @@ class Device:
         c = self.control
         if c.phase == PHASE_THRESHOLD:
             assert c.bound is not None
-            out = square_wave_report(v, c.bound, c.epsilon, self._uniforms(ADDRESS_SQUARE_WAVE, v.size), c.sw_b)
+            out = square_wave_report(v, c.sw_domain, c.epsilon, self._uniforms(ADDRESS_SQUARE_WAVE, v.size), c.sw_b)
         else:
             assert c.theta is not None
             u = self._uniforms(ADDRESS_HYBRID, 2 * v.size)
@@ -400,18 +420,20 @@ class Device:
         values = self.perturb_values(readings)
         assert self.control is not None
         phase, theta = self.control.phase, self.control.theta
+        # a threshold report says which domain it was made over (the fine round), a stream report its theta
+        extra: dict[str, Any] = {}
+        if phase == PHASE_THRESHOLD:
+            if self.control.domain is not None:
+                extra = {"domain": self.control.domain}
+        else:
+            extra = {"theta": theta}
         ys = values.tolist()
         if self.seq is None:
-            if phase == PHASE_THRESHOLD:
-                return [{"report": y, "phase": phase, "ts": t} for y, t in zip(ys, stamps, strict=True)]
-            return [{"report": y, "phase": phase, "ts": t, "theta": theta} for y, t in zip(ys, stamps, strict=True)]
+            return [{"report": y, "phase": phase, "ts": t, **extra} for y, t in zip(ys, stamps, strict=True)]
         first = self.seq.take(n) if n else 0
         seqs = range(first, first + n)
-        if phase == PHASE_THRESHOLD:
-            return [{"report": y, "phase": phase, "ts": t, "seq": q} for y, t, q in zip(ys, stamps, seqs, strict=True)]
         return [
-            {"report": y, "phase": phase, "ts": t, "theta": theta, "seq": q}
-            for y, t, q in zip(ys, stamps, seqs, strict=True)
+            {"report": y, "phase": phase, "ts": t, **extra, "seq": q} for y, t, q in zip(ys, stamps, seqs, strict=True)
         ]
 
 

@@ -287,11 +287,13 @@ def _report(obj: Any) -> Report:
     if type(phase) is not str or phase not in _PHASES:
         msg = "report phase must be 'threshold' or 'stream'"
         raise PayloadError(msg)
-    theta = obj.get("theta")
+    # the 5th element: theta for a stream report, the Square Wave domain for a threshold report (absent: the bound)
+    key = "theta" if phase == "stream" else "domain"
+    theta = obj.get(key)
     if theta is not None:
         theta = _finite(theta)
         if theta is None or not theta > 0:
-            msg = "report theta must be a positive number"
+            msg = f"report {key} must be a positive number"
             raise PayloadError(msg)
     ts = obj.get("ts")
     if ts is not None:

@@ -187,6 +187,10 @@ class Router:
             rec.status_due = False
             self.in_holdout -= 1
             self.status_now.append(rec)
+        elif getattr(op, "control_changed", False):  # the fine round of the threshold phase: tell the devices now
+            op.control_changed = False
+            rec.status_due = False
+            self.status_now.append(rec)
         else:
             rec.status_due = True
 

@@ -91,7 +91,7 @@ def test_dns_stream_theta_and_unbiased_releases(dns: np.ndarray) -> None:
 
 
 def test_simulated_devices_use_the_documented_addresses() -> None:
-    cfg = ToPLConfig(epsilon=1.0, bound=100.0, holdout=1000, buckets=64)
+    cfg = ToPLConfig(epsilon=1.0, bound=100.0, holdout=1000, buckets=64, refine=False)
     values = np.arange(1500) % 50.0
     out = ToPL(cfg, KEY).process(values)
     gen = KeyedGenerator(KEY)
@@ -99,7 +99,7 @@ def test_simulated_devices_use_the_documented_addresses() -> None:
     y = square_wave_perturb(values[:1000] / 100.0, 1.0, gen.uniforms(Domain.LOCAL, LOCAL_ADDRESS_SQUARE_WAVE, 0, 1000))
     probe = ToPL(cfg, KEY)
     probe.process(values[:1000])
-    np.testing.assert_array_equal(probe._counts, square_wave_histogram(y, b, 64))
+    np.testing.assert_array_equal(probe._rounds.counts, square_wave_histogram(y, b, 64))
     u = gen.uniforms(Domain.LOCAL, LOCAL_ADDRESS_HYBRID, 2000, 1000)
     np.testing.assert_array_equal(out[1000:], hybrid_report(values[1000:], probe.theta, 1.0, u[0::2], u[1::2]))
 
@@ -133,7 +133,7 @@ def test_snapshot_restore_continues_exactly(dns: np.ndarray) -> None:
 def test_restore_rejects_a_foreign_snapshot() -> None:
     cfg = ToPLConfig(epsilon=1.0, bound=64.0, holdout=100, buckets=32)
     snap = ToPL(cfg, KEY).snapshot()
-    with pytest.raises(ValueError, match="sw_counts"):
+    with pytest.raises(ValueError, match="holdout rounds"):
         ToPL.restore(cfg.replace(buckets=64), KEY, snap)
     with pytest.raises(ValueError, match="ToPL snapshot"):
         ToPL.restore(cfg, KEY, {**snap, "operator": "tops"})
@@ -179,8 +179,9 @@ def test_key_is_required_and_not_printed() -> None:
 
 
 def test_the_daemon_path_picks_the_same_theta_as_replay(dns: np.ndarray) -> None:
-    """choose_threshold on the SW reports (reading units, as devices publish them) = ToPL's theta."""
-    cfg = ToPLConfig(epsilon=1.0, bound=500.0, holdout=30_000)
+    """choose_threshold on the SW reports (reading units, as devices publish them) = ToPL's theta, in one round
+    (tests/test_local_refine.py checks the server half against replay when the holdout zooms in)."""
+    cfg = ToPLConfig(epsilon=1.0, bound=500.0, holdout=30_000, refine=False)
     topl = ToPL(cfg, KEY)
     topl.process(dns[:30_000])
     u = KeyedGenerator(KEY).uniforms(Domain.LOCAL, LOCAL_ADDRESS_SQUARE_WAVE, 0, 30_000)

@@ -25,6 +25,7 @@ Examples
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,12 +36,53 @@ from operators.local.hybrid import hybrid_worst_case_variance
 from operators.local.square_wave import DensityEstimate, estimate_density, square_wave_parameters
 
 __all__ = [
+    "COARSE_QUANTILE",
+    "COARSE_SHARE",
     "ThresholdEstimate",
+    "coarse_domain",
     "optimal_threshold",
     "threshold_candidates",
     "threshold_from_reports",
     "threshold_objective",
 ]
+
+
+COARSE_SHARE = 0.25  # the coarse round: the first quarter of the holdout's reports
+COARSE_QUANTILE = 0.95  # its estimate's 95 % point ...
+_COARSE_MULTIPLE = 8.0  # ... times 8 is the fine round's domain U
+_WINDOW_MULTIPLE = 2.0  # refine only where SW's window on [0, B] (b B) is wider than 2 U
+
+
+def coarse_domain(
+    density: Any, bound: float, threshold_epsilon: float, resolution: float | None = 1.0, floor: float = 0.0
+) -> float:
+    """The fine round's domain from the coarse round's density over ``[0, B]``, or ``B`` (no second round).
+
+    Square Wave's window is ``b B`` wide on each side (b from Eq. 16: 0.26 at eps 1, 0.45 at eps 0.2), whatever the
+    data; when the public bound dwarfs the data (retail: B = 16,470, readings up to 76) every report is mostly
+    noise and EM puts mass far from the data, which Eq. 8 then chases. So the first quarter of the holdout finds the
+    data's scale, ``U = 8 x`` its estimate's 95 % point (the far tail of a coarse estimate is mostly EM's
+    invention, its 95 % point is not), and the rest of the holdout reports over ``[0, U]`` (the
+    device clamps to U: a smaller domain, the same epsilon). Only worth it where the window is wider than ``2 U``;
+    elsewhere ``B`` is returned and the two rounds are one (their counts add up).
+
+    >>> f = np.zeros(1024); f[:5] = 0.2                          # data in the first 5 of 1,024 buckets of B
+    >>> coarse_domain(f, 16470.0, 1.0)                           # 8 x 80.4, rounded up to the resolution
+    644.0
+    >>> coarse_domain(f, 16470.0, 6.0)                           # a narrow window at eps 6: no second round
+    16470.0
+    """
+    f = as_float_array(density, "density")
+    f = f / f.sum()
+    k = f.size
+    q = (int(np.searchsorted(np.cumsum(f), COARSE_QUANTILE)) + 1) * float(bound) / k
+    u = max(_COARSE_MULTIPLE * q, floor)  # ``floor``: a lower limit the caller trusts more (see rounds)
+    if resolution is not None:
+        u = max(2.0 * resolution, math.ceil(u / resolution - 1e-9) * resolution)
+    b = square_wave_parameters(threshold_epsilon)[0]
+    if u >= bound or b * bound <= _WINDOW_MULTIPLE * u:
+        return float(bound)
+    return float(u)
 
 
 def threshold_candidates(bound: float, buckets: int = 1024) -> np.ndarray:
