@@ -137,17 +137,11 @@ def main_local(args: Any) -> int:
     from pathlib import Path
 
     from operators.config import ConfigError
-    from stream.compare import LENGTH_CLASSES, _grid, extend, plot, write_csv
+    from stream.compare import LENGTH_CLASSES, _grid, default_bound, extend, per_class, plot, write_csv
     from stream.inputs import InputError, read_stream
 
     try:
-        if args.bound is None:
-            from stream.datasets import DATASETS
-
-            if args.data not in DATASETS or Path(args.data).exists():
-                msg = "--bound is required (it has a default only for a shipped data set: dns, retail, star)"
-                raise InputError(msg)
-            args.bound = DATASETS[args.data].bound
+        default_bound(args)
         methods = [m.strip() for m in args.methods.split(",")] if args.methods else list(LOCAL_METHODS)
         unknown = [m for m in methods if m not in LOCAL_METHODS]
         if unknown:
@@ -194,7 +188,6 @@ def main_local(args: Any) -> int:
         x = row["threshold_epsilon"] if x_threshold else row["epsilon"]
         vs = ref.get((row["epsilon"], row["threshold_epsilon"]))
         ratio = f"{row['mse_mean'] / vs:>14.3g}" if vs else f"{'':>14}"
-        per_class = "".join(f"{row['mse_' + name]:>16.4g}" for name, _, _ in LENGTH_CLASSES)
-        print(f"{row['label'][:37]:<38}{x:>9g}{row['theta_median']:>9g}{row['mse_mean']:>13.4g}{ratio}{per_class}")
+        print(f"{row['label'][:37]:<38}{x:>9g}{row['theta_median']:>9g}{row['mse_mean']:>13.4g}{ratio}{per_class(row)}")
     print(f"wrote {out_dir / (stem + '.csv')}" + ("" if args.no_plot else f" and {out_dir / (stem + '.png')}"))
     return 0
