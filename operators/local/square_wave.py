@@ -203,14 +203,17 @@ def square_wave_em(
 
 
 def sww_prune(density: Any, run: int = PRUNE_RUN, level: float = PRUNE_LEVEL) -> tuple[np.ndarray, int | None]:
-    """SW-W (Section 4.1): find the first bucket ``w`` whose next ``run`` estimates are all below ``level`` (a
-    fraction of the total), zero the density after ``w`` and renormalize. Returns ``(density, w)``, ``w = None``
-    (and the density only normalized) when no bucket qualifies.
+    """SW-W (Section 4.1): find the first bucket ``w`` at or after the median whose next ``run`` estimates are all
+    below ``level`` (a fraction of the total), zero the density after ``w`` and renormalize. Returns
+    ``(density, w)``, ``w = None`` (and the density only normalized) when no bucket qualifies.
 
     >>> f = np.array([0.5, 0.3, 0.1, 0.00005, 0, 0, 0, 0.00001, 0.09, 0.00994])
     >>> pruned, w = sww_prune(f)
     >>> w, pruned.round(4).tolist()
     (2, [0.5556, 0.3333, 0.1111, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    >>> spiky = np.array([0.3, 0, 0, 0, 0, 0, 0.3, 0.4, 0, 0, 0, 0, 0, 1e-5])    # empty buckets inside the bulk
+    >>> sww_prune(spiky)[1]                                                      # cut after the median only
+    7
     """
     f = np.asarray(density, dtype=np.float64)
     total = f.sum()
@@ -223,6 +226,10 @@ def sww_prune(density: Any, run: int = PRUNE_RUN, level: float = PRUNE_LEVEL) ->
         return f, None
     window = np.convolve(small, np.ones(run, dtype=np.int64), mode="valid")  # window[k] = #small in f[k:k+run]
     starts = np.flatnonzero(window[1:] == run) + 1  # a run starting at k >= 1 follows the point w = k - 1
+    # never inside the bulk: at high eps the unsmoothed EM estimate is spiky and a run of empty buckets can come
+    # before half of the mass; the tail SW-W is meant to cut starts after the median
+    median = int(np.searchsorted(np.cumsum(f), 0.5))
+    starts = starts[starts > median]
     if starts.size == 0:
         return f, None
     w = int(starts[0]) - 1
