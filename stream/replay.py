@@ -197,6 +197,9 @@ def main(args: argparse.Namespace) -> int:
     theta_text = "none (stream shorter than the holdout)" if theta is None else f"{theta:g}"
     print(f"theta = {theta_text}", file=sys.stderr)
     print(f"s = {s if s is not None else '-'}", file=sys.stderr)
+    domain = getattr(op, "domain", None)
+    if args.mode == "local" and domain is not None and domain < op.config.bound:
+        print(f"holdout zoomed in: Square Wave over [0, {domain:g}] after the coarse rounds", file=sys.stderr)
     clamped = getattr(op, "clamped", 0)
     print(
         f"ticks = {n}, released = {released}, clamped to bound = {clamped}, key = {key_note}, "
