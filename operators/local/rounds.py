@@ -8,7 +8,9 @@ current round gives the data's scale (:func:`operators.local.threshold.coarse_do
 the window is wider than twice that scale, the following reports are Square Wave over ``[0, U]`` instead (the device
 clamps to U: a smaller domain, the same epsilon, one report per reading as before). Reports made over an older
 domain are then not counted any more; where no zoom happens the rounds are one and the counts simply add up (the
-result is then exactly the one-round result). theta comes from the last round's reports over its domain.
+result is then exactly the one-round result). theta comes from the last round's reports over its domain, with
+SW-W's level kept per reading unit as it was over ``[0, B]`` (a share of the mass per bucket would otherwise cut, in
+the zoom's narrower buckets, a real tail that one round keeps).
 
 Replay (:class:`operators.topl.ToPL`) and the daemon's server half (:class:`operators.topl_server.LocalServer`)
 both keep one :class:`HoldoutRounds`, so they zoom at the same reports to the same domains.
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from operators.local.square_wave import square_wave_histogram, square_wave_parameters
+from operators.local.square_wave import PRUNE_LEVEL, square_wave_histogram, square_wave_parameters
 from operators.local.threshold import ThresholdEstimate, coarse_domain, threshold_from_reports
 
 if TYPE_CHECKING:
@@ -40,9 +42,13 @@ _MIN_HOLDOUT = 64  # below this the holdout is one round
 
 def estimate_over(config: ToPLConfig, counts: Any, domain: float) -> ThresholdEstimate:
     """Density and theta from SW report counts made over ``[0, domain]`` (``config``'s buckets and budgets)."""
-    buckets = config.density_buckets
-    if domain < config.bound and config.resolution is not None:
-        buckets = max(2, min(config.buckets, math.ceil(domain / config.resolution - 1e-9)))
+    buckets, level = config.density_buckets, PRUNE_LEVEL
+    if domain < config.bound:
+        if config.resolution is not None:
+            buckets = max(2, min(config.buckets, math.ceil(domain / config.resolution - 1e-9)))
+        # SW-W's level is a share of the mass per bucket; keep it per reading unit as over [0, B], else a zoom to
+        # narrower buckets cuts a real tail that one round keeps
+        level = PRUNE_LEVEL * (domain / buckets) / (config.bound / config.density_buckets)
     return threshold_from_reports(
         None,
         domain,
@@ -54,6 +60,7 @@ def estimate_over(config: ToPLConfig, counts: Any, domain: float) -> ThresholdEs
         b=square_wave_parameters(config.threshold_budget)[0],
         prune=config.prune,
         counts=counts,
+        prune_level=level,
     )
 
 

@@ -249,6 +249,7 @@ def estimate_density(
     b: float | None = None,
     prune: bool = True,
     counts: Any = None,
+    prune_level: float = PRUNE_LEVEL,
 ) -> DensityEstimate:
     """The SW(-W) density over ``buckets`` buckets of ``[0, 1]`` from unit-scale reports ``y`` (or their
     ``counts`` over ``report_buckets`` report buckets, default ``buckets``): histogram, EM, SW-W pruning."""
@@ -258,5 +259,5 @@ def estimate_density(
     density, iterations = square_wave_em(hist, epsilon, buckets, b)
     cut = None
     if prune:
-        density, cut = sww_prune(density)
+        density, cut = sww_prune(density, level=prune_level)
     return DensityEstimate(density=density, iterations=iterations, cut=cut)

@@ -33,7 +33,7 @@ import numpy as np
 
 from operators.local._units import as_float_array, check_epsilon
 from operators.local.hybrid import hybrid_worst_case_variance
-from operators.local.square_wave import DensityEstimate, estimate_density, square_wave_parameters
+from operators.local.square_wave import PRUNE_LEVEL, DensityEstimate, estimate_density, square_wave_parameters
 
 __all__ = [
     "COARSE_QUANTILE",
@@ -139,6 +139,7 @@ def threshold_from_reports(
     b: float | None = None,
     prune: bool = True,
     counts: Any = None,
+    prune_level: float = PRUNE_LEVEL,
 ) -> ThresholdEstimate:
     """Server side of ToPL's first phase: SW reports in reading units (``[-b B, (1 + b) B]``, as devices publish
     them) -> histogram over ``report_buckets`` buckets -> SW-W density over ``buckets`` buckets of ``[0, bound]``
@@ -160,8 +161,10 @@ def threshold_from_reports(
     b, _, _ = square_wave_parameters(threshold_epsilon, b)
     if counts is None:
         y = as_float_array(reports, "reports") / float(bound)
-        est = estimate_density(y, threshold_epsilon, buckets=buckets, report_buckets=report_buckets, b=b, prune=prune)
+        est = estimate_density(y, threshold_epsilon, buckets=buckets, report_buckets=report_buckets, b=b, prune=prune,
+                               prune_level=prune_level)
     else:
-        est = estimate_density(None, threshold_epsilon, buckets=buckets, b=b, prune=prune, counts=counts)
+        est = estimate_density(None, threshold_epsilon, buckets=buckets, b=b, prune=prune, counts=counts,
+                               prune_level=prune_level)
     theta = optimal_threshold(est.density, bound, epsilon, query_range)
     return ThresholdEstimate(theta=theta, estimate=est)
