@@ -72,6 +72,7 @@ class ToPS:
         self._noise: ConsistentNoise | None = None
         self._smoother: SmootherState | None = None
         self._blocks: BlockStats | None = None
+        self._pending: list[int] = []  # holdout readings (units) not yet in the block statistics (at most 64)
         self.start_units: float | None = None
         if config.theta is not None:  # a public theta; ``start`` (value units, public) replaces the prior theta/2
             units = None if start is None else (start - config.lower) / config.resolution
@@ -118,7 +119,8 @@ class ToPS:
     def state_nbytes(self) -> int:
         """Numeric state kept between calls, in bytes (histogram in the holdout; walk + smoother after)."""
         if self._hist is not None:
-            return int(self._hist.nbytes) + 64 + (self._blocks.nbytes() if self._blocks is not None else 0)
+            blocks = self._blocks.nbytes() + 8 * len(self._pending) if self._blocks is not None else 0
+            return int(self._hist.nbytes) + 64 + blocks
         return self._noise.state_nbytes() + self._smoother.nbytes()
 
     # -- the work -----------------------------------------------------------------------------------------------
@@ -141,6 +143,7 @@ class ToPS:
         if self._blocks is None:
             self._start_release(self._choose_threshold())
             return
+        self._flush()
         sel = choose(
             self._hist,
             self._candidates,
@@ -208,6 +211,7 @@ class ToPS:
             take = min(n, self.holdout_left)
             holdout_histogram(units[:take], self._candidates, self._hist)
             if self._blocks is not None:
+                self._flush()
                 self._blocks.add(units[:take])
             self.ticks += take
             start = take
@@ -235,7 +239,7 @@ class ToPS:
         st = self._smoother
         if cfg.lower:  # the general path clamps, shifts and adds lower back
             return float(self.process(np.array([v], dtype=np.float64))[0])
-        if self._hist is not None and self._blocks is None and self.holdout_left > 1:
+        if self._hist is not None and self.holdout_left > 1:
             if v > cfg.bound:
                 self.clamped += 1
                 v = cfg.bound
@@ -244,6 +248,10 @@ class ToPS:
                 v = 0.0
             units = min(round(v / cfg.resolution), self._bound_units)
             self._hist[int(np.searchsorted(self._candidates, units, side="left"))] += 1
+            if self._blocks is not None:  # the block statistics take readings in batches (exact however batched)
+                self._pending.append(units)
+                if len(self._pending) >= 64:
+                    self._flush()
             self.ticks += 1
             return math.nan
         if st is not None and st.pos + 1 < st.leaf_ticks:
@@ -260,6 +268,11 @@ class ToPS:
             return st.pred * cfg.resolution if cfg.resolution != 1.0 else st.pred
         return float(self.process(np.array([v], dtype=np.float64))[0])
 
+    def _flush(self) -> None:
+        if self._pending:
+            self._blocks.add(np.array(self._pending, dtype=np.int64))
+            self._pending.clear()
+
     # -- checkpoints --------------------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """A JSON-serialisable picture of the state (no key; the holdout histogram while in the holdout)."""
@@ -274,6 +287,7 @@ class ToPS:
         if self.theta_units is None:
             snap["holdout_histogram"] = self._hist.tolist()
             if self._blocks is not None:
+                self._flush()
                 snap["holdout_blocks"] = self._blocks.to_dict()
         else:
             snap["walk"] = self._noise.state()
@@ -305,6 +319,7 @@ class ToPS:
         op._noise = None
         op._smoother = None
         op._blocks = None
+        op._pending = []
         op.start_units = None
         if snapshot["theta_units"] is None:
             op._candidates = candidate_grid(config.span, config.resolution)

@@ -207,3 +207,19 @@ def test_block_statistics_are_exact_however_the_holdout_arrives() -> None:
             for stats in (whole, pieces, single):
                 assert stats.acc[i, j] == brute
                 assert stats.pairs[i] == sums.size - 1
+
+
+def test_one_reading_at_a_time_with_checkpoints_gives_the_batch_releases() -> None:
+    """The daemon's path: one reading per call (the block statistics buffer them) and checkpoints at odd moments in
+    the holdout and after it; the releases equal one batch over the whole stream, bit for bit."""
+    import json
+
+    cfg = ToPSConfig(epsilon=0.5, bound=100.0, holdout=3000, query_range=4096, fanout=4)
+    x = np.random.default_rng(3).integers(0, 60, 9000).astype(float)
+    whole = ToPS(cfg, _key("one")).process(x)
+    op, got = ToPS(cfg, _key("one")), []
+    for i, v in enumerate(x):
+        got.append(op.process_one(v))
+        if i in (63, 777, 2998, 2999, 3500):
+            op = ToPS.restore(cfg, _key("one"), json.loads(json.dumps(op.snapshot())))
+    np.testing.assert_array_equal(np.array(got), whole)
