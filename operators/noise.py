@@ -87,6 +87,7 @@ class Domain(enum.IntEnum):
     THRESHOLD = 2  # report-noisy-max noise of the threshold optimizer
     LOCAL = 3  # randomizers of the local-DP mode
     BASELINE = 4  # baselines and audits
+    CATEGORICAL = 5  # categorical streams (operators/categorical): low 16 bits carry the purpose
 
 
 def new_key() -> bytes:
