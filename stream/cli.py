@@ -20,6 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("stream.simulate", "a synthetic smart-meter feed for demos and tests"),
     "state": ("stream.state_cmd", "read-only: streams, phase, ticks released, theta, eps from the state store"),
     "compare": ("stream.compare", "several methods over a grid of eps on real data: CSV and plots (Figures 3, 5, 7)"),
+    "compare-categorical": (
+        "stream.compare_categorical",
+        "frequency oracles and central histograms on the commuting stand-in (seed 004's experiments): CSV",
+    ),
     "device": (
         "stream.device",
         "the device side of local-DP mode: perturb readings locally and publish reports",
