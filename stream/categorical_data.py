@@ -3,13 +3,15 @@
 Same shape as POWSCAR 2016 as the thesis uses it: n = 2,750,238 users, one commute each; 3,130 electoral divisions
 (3,126 places of residence plus 4 destination-only places: Northern Ireland, overseas, no fixed place, from home) in
 31 counties, so 9,796,900 = 3130^2 origin-destination (OD) cells of which 287,116 are non-empty (135,771 of them
-holding one user, the largest 5,871; the stand-in has 139,515 single cells), and 1,085 = 31 x 35 county cells of which 6 are empty. Commutes stay in
-their county about 60% of the time; the non-empty cells' counts are Zipf-like (exponent 1.7, truncated at 5,871,
-the non-single counts scaled so that they sum to n). Nothing here is real data.
+holding one user in the data, 139,515 in the stand-in; the largest 5,871), and 1,085 = 31 x 35 county cells of
+which 6 are empty. Commutes stay in their county about 60% of the time; the non-empty cells' counts are Zipf-like
+(exponent 1.7, truncated at 5,871, the non-single counts scaled so that they sum to n). Nothing here is real data.
 
 >>> data = stand_in(seed=0)
->>> data.n, data.d_county, data.d_od, data.od_cells.size, int(data.od_counts.max()), int((data.county_counts() == 0).sum())
-(2750238, 1085, 9796900, 287116, 5871, 6)
+>>> data.n, data.d_county, data.d_od, data.od_cells.size, int(data.od_counts.max())
+(2750238, 1085, 9796900, 287116, 5871)
+>>> int((data.county_counts() == 0).sum())
+6
 """
 
 from __future__ import annotations
