@@ -12,6 +12,10 @@ __all__ = ["main"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("stream.daemon", "run the daemon: readings in (MQTT or stdin), one private release per tick out"),
     "replay": ("stream.replay", "run a stream from a file through the same operators, at full speed"),
+    "replay-categorical": (
+        "stream.replay_categorical",
+        "a categorical stream from a file through the daemon's operator: the same per-period releases",
+    ),
     "evaluate": ("stream.evaluate", "range-query MSE/MAE of releases against the truth (Eq. 9)"),
     "query": (
         "stream.query",

@@ -25,7 +25,7 @@ from typing import Any
 from operators import ConfigError, ToPS, ToPSConfig
 from stream.errors import ConfigFileError
 
-__all__ = ["SCHEMA", "DaemonConfig", "Field", "build_config", "load_config"]
+__all__ = ["SCHEMA", "DaemonConfig", "Field", "build_config", "load_config", "stream_params"]
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,39 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "mode": Field("choice", "central", "`central`: ToPS on raw readings; `local`: ToPL, the input is "
                       "perturbed reports of devices (`tops device`) and raw readings never reach the daemon.",
                       choices=("central", "local")),
+        "kind": Field("choice", "numeric", "`numeric`: a reading is a number (ToPS / ToPL); `categorical`: a "
+                      "reading is a category and each period releases a private histogram (`[categorical]`; needs "
+                      "`[ticks] mode = \"period\"`).", choices=("numeric", "categorical")),
+    },
+    "categorical": {
+        "epsilon": Field("float", 0.0, "Privacy budget of each report (one category of one device in one period). "
+                         "Required with `[streams] kind = \"categorical\"`.", low=0),
+        "categories": Field("int", 0, "d: categories are the integers 0 .. d - 1. Required (or `labels`).", low=0),
+        "labels": Field("strlist", [], "Names of the categories, in order (releases name cells by them; readings "
+                        "still send the index)."),
+        "mechanism": Field("choice", "auto", "`laplace` or `stability` (mode central), `grr` or `hr` (mode local); "
+                           "`auto`: laplace, or the local one with the smaller variance.",
+                           choices=("auto", "laplace", "stability", "grr", "hr")),
+        "neighbours": Field("choice", "add-remove", "Central: neighbouring periods differ by one report "
+                            "(`add-remove`, Delta 1) or one report's category (`substitute`, Delta 2).",
+                            choices=("add-remove", "substitute")),
+        "delta": Field("float", 0.0, "delta of the stability histogram (mechanism `stability`; required there).",
+                       low=0),
+        "post": Field("choice", "base-pro", "Post-processing of the estimate: base (unbiased), base-pro (negatives "
+                      "to 0), base-cut, norm-sub, simplex.",
+                      choices=("base", "base-pro", "base-cut", "norm-sub", "simplex")),
+        "release": Field("choice", "top-k", "What a release carries: the `top_k` largest cells, or the `full` "
+                         "vector (and the top cells).", choices=("top-k", "full")),
+        "top_k": Field("int", 10, "Cells of a top-k release.", low=1, high=10_000),
+        "counters": Field("strlist", [], "Categories (labels, or indices) whose count per period also feeds a "
+                          "ToPS counter, for accurate range sums over many periods (mode central; releases carry "
+                          "`counters`). A report then costs epsilon + counter_epsilon."),
+        "counter_epsilon": Field("float", 0.0, "Budget of each counter (0: `epsilon`).", low=0),
+        "counter_bound": Field("float", 0.0, "B of the counters: the largest count of one category in one period "
+                               "(larger counts are clamped). Required with `counters`.", low=0),
+        "counter_holdout": Field("int", 1000, "m of the counters: periods held out to choose theta.", low=1),
+        "counter_query_range": Field("int", 1 << 16, "r of the counters: longest range of periods served.",
+                                     low=2),
     },
     "local": {
         "control_topic": Field("str", "tops/control/{stream}",
@@ -233,12 +266,14 @@ class DaemonConfig:
     ticks: Section
     streams: Section
     local: Section
+    categorical: Section
     metrics: Section
     log: Section
     state: Section
     template: ToPSConfig
     source_path: str | None = None
     notes: list[str] = field(default_factory=list)
+    category: Any = None  # operators.categorical.release.CategoricalConfig with [streams] kind = "categorical"
 
     @property
     def uses_mqtt(self) -> bool:
@@ -448,8 +483,14 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
         elif not st["data_dir"]:
             problems.append("[streams] idle_timeout needs durable state ([state] data_dir): without it an evicted "
                             "stream could not continue its noise and must not start it again on the same key")
+    category = None
+    if sections["streams"]["kind"] == "categorical":
+        category, cat_problems = _categorical(sections, template_doc)
+        problems += cat_problems
+        # the numeric template does not apply; its epsilon is the releases' epsilon
+        template_doc = {"epsilon": 1.0 if category is None else category.epsilon, "bound": 1.0, "theta": 1.0}
     # Stream template -> ToPSConfig (every problem, one line each).
-    template_doc.update(template_overrides or {})
+    template_doc.update((template_overrides or {}) if category is None else {})
     tpl_fields = {f.name for f in dataclasses.fields(ToPSConfig)}
     unknown = [k for k in template_doc if k not in tpl_fields]
     for k in unknown:
@@ -462,7 +503,8 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
     else:
         template, tpl_problems = _template_problems(template_doc)
         problems += tpl_problems
-        if template is not None and sections["streams"]["mode"] == "central" and method in DAEMON_METHODS:
+        if (template is not None and sections["streams"]["mode"] == "central" and method in DAEMON_METHODS
+                and sections["streams"]["kind"] == "numeric"):
             err = _release_probe(template, method)
             if err:
                 problems.append(err)
@@ -478,8 +520,86 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
     if problems:
         raise ConfigFileError(problems)
     assert template is not None
-    return DaemonConfig(template=template, source_path=source_path,
+    return DaemonConfig(template=template, source_path=source_path, category=category,
                         **{k: Section(v) for k, v in sections.items()})
+
+
+def _categorical(sections: dict[str, dict[str, Any]], template_doc: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The categorical stream's parameters from ``[categorical]``, and every problem, one line each."""
+    from operators.categorical.release import (
+        CENTRAL_MECHANISMS,
+        MAX_DENSE_CELLS,
+        CategoricalConfig,
+        choose_local_mechanism,
+    )
+
+    cat, problems = sections["categorical"], []
+    mode = sections["streams"]["mode"]
+    if sections["ticks"]["mode"] != "period":
+        problems.append('[streams] kind = "categorical" releases one histogram per period: set [ticks] mode = '
+                        '"period"')
+    if template_doc:
+        problems.append('[streams.template] is for numeric streams; a categorical stream takes [categorical]')
+    if sections["streams"]["method"] != "tops":
+        problems.append('[streams] method is for numeric streams (kind = "categorical" uses [categorical] mechanism)')
+    if not cat["epsilon"] > 0:
+        problems.append('[categorical] epsilon required (a positive number) with kind = "categorical"')
+    labels = tuple(cat["labels"])
+    d = cat["categories"] or len(labels)
+    if d < 2:
+        problems.append("[categorical] categories required (an integer >= 2), or labels")
+    elif labels and cat["categories"] and len(labels) != cat["categories"]:
+        problems.append(f"[categorical] labels must name every category ({cat['categories']}), got {len(labels)}")
+    mech = cat["mechanism"]
+    if problems:
+        return None, problems
+    if mech == "auto":
+        mech = ("laplace" if d <= MAX_DENSE_CELLS else "stability") if mode == "central" else \
+            choose_local_mechanism(cat["epsilon"], d)
+    if (mode == "central") != (mech in CENTRAL_MECHANISMS):
+        problems.append(f"[categorical] mechanism {mech!r} is not one of mode {mode} "
+                        f"({'laplace, stability' if mode == 'central' else 'grr, hr'})")
+        return None, problems
+    counters: list[int] = []
+    counter = None
+    for name in cat["counters"]:
+        if name in labels:
+            counters.append(labels.index(name))
+        elif name.isdigit() and int(name) < d:
+            counters.append(int(name))
+        else:
+            problems.append(f"[categorical] counters: {name!r} is not a label nor an index 0 .. {d - 1}")
+    if cat["counters"]:
+        if not cat["counter_bound"] > 0:
+            problems.append("[categorical] counter_bound required with counters (the largest count of one category "
+                            "in one period)")
+        else:
+            try:
+                counter = ToPSConfig(epsilon=float(cat["counter_epsilon"] or cat["epsilon"]),
+                                     bound=float(cat["counter_bound"]), holdout=cat["counter_holdout"],
+                                     query_range=cat["counter_query_range"])
+            except ConfigError as exc:
+                problems.append(f"[categorical] counter: {exc}")
+    if problems:
+        return None, problems
+    try:
+        cfg = CategoricalConfig(epsilon=float(cat["epsilon"]), categories=int(d), mechanism=mech,
+                                neighbours=cat["neighbours"], delta=(cat["delta"] or None) if mech == "stability"
+                                else None, post=cat["post"], release=cat["release"], top_k=cat["top_k"],
+                                labels=labels, counters=tuple(counters), counter=counter)
+    except ConfigError as exc:
+        return None, [f"[categorical] {exc}"]
+    if cat["delta"] and mech != "stability":
+        return None, ["[categorical] delta is for mechanism stability only"]
+    return cfg, problems
+
+
+def stream_params(cfg: DaemonConfig) -> dict[str, Any]:
+    """The public parameters of every stream, as the state store's ledger keeps them (privacy keys compared)."""
+    mode = getattr(cfg.streams, "mode", "central")
+    if getattr(cfg, "category", None) is not None:
+        return {"mode": mode, "kind": "categorical", **cfg.category.to_dict()}
+    return {"mode": mode, "method": getattr(cfg.streams, "method", "tops"), **cfg.template.to_dict()}
 
 
 def load_config(path: str | os.PathLike[str], template_overrides: dict[str, Any] | None = None) -> DaemonConfig:

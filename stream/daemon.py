@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from operators import ToPLConfig
+from operators.categorical.release import CategoricalRelease
 from operators.selection import prepare as prepare_selection
 from operators.topl_server import LocalServer
 from stream.config import STDIN_TEMPLATE, DaemonConfig, build_config, build_operator, load_config
-from stream.device import stream_control, threshold_control
+from stream.device import categorical_control, stream_control, threshold_control
 from stream.durability import Durability
 from stream.errors import ConfigFileError, PayloadError, StartupError, StreamCapError
 from stream.keys import KeyFileError, derive_stream_key, load_master_key, new_identity
@@ -80,7 +81,10 @@ class Daemon:
         self.operator_factory = operator_factory
         self.install_signals = install_signals
         # period counts: the number of events is the protected value, so no metric may count them
-        self.metrics = Metrics(counts_protected=cfg.ticks.mode == "period" and cfg.ticks.aggregate == "count")
+        # with period counts, or the histograms of central categorical streams, the number of readings is the
+        # protected value (local categorical: every report reaches the server anyway)
+        self.metrics = Metrics(counts_protected=cfg.ticks.mode == "period" and (
+            cfg.ticks.aggregate == "count" or (cfg.category is not None and not cfg.category.local)))
         self.stopping = asyncio.Event()
         self.rejected = RateLimitedLog()
         self.msg_counts = dict.fromkeys(MESSAGE_RESULTS, 0)
@@ -122,7 +126,10 @@ class Daemon:
     def startup(self) -> None:
         cfg = self.cfg
         self.local = cfg.streams.mode == "local"
-        if self.operator_factory is None and self.local:
+        category = cfg.category
+        if self.operator_factory is None and category is not None and category.local:
+            self.operator_factory = lambda name: CategoricalRelease(category)
+        elif self.operator_factory is None and self.local:
             t = cfg.template
             topl = ToPLConfig(epsilon=t.epsilon, bound=t.bound, threshold_epsilon=t.threshold_epsilon,
                               holdout=t.holdout, query_range=t.query_range, resolution=t.resolution, theta=t.theta,
@@ -136,10 +143,13 @@ class Daemon:
                 raise StartupError(msg) from None
             template = cfg.template
             method = cfg.streams.method
-            if method == "tops" and template.selection == "calibrated" and template.theta is None:
+            if category is None and method == "tops" and template.selection == "calibrated" \
+                    and template.theta is None:
                 prepare_selection(template.fanout, template.query_range)  # a constant per hierarchy, now
-            self.operator_factory = lambda name: build_operator(
-                template, method, derive_stream_key(master, name, identity=self.identity))
+            if category is not None and category.counter is not None:
+                prepare_selection(category.counter.fanout, category.counter.query_range)
+            self.operator_factory = lambda name: self.keyed_operator(
+                derive_stream_key(master, name, identity=self.identity))
         clock = None
         if cfg.ticks.mode == "period":
             clock = PeriodClock(cfg.ticks.period, cfg.ticks.lateness if cfg.ticks.clock == "event" else 0.0)
@@ -195,6 +205,12 @@ class Daemon:
         log.info("started: input %s, sinks %s, ticks %s, metrics %s", cfg.input.source,
                  ",".join(cfg.output.sinks), cfg.ticks.mode,
                  f"{cfg.metrics.host}:{cfg.metrics.port}" if cfg.metrics.port else "off")
+
+    def keyed_operator(self, key: bytes) -> Any:
+        """The operator of a central stream with its key: the categorical release, ToPS or a baseline."""
+        if self.cfg.category is not None:
+            return CategoricalRelease(self.cfg.category, key)
+        return build_operator(self.cfg.template, self.cfg.streams.method, key)
 
     def announce_identity(self) -> None:
         """One line on stderr with the identity the stream keys derive from (also in every status message)."""
@@ -531,7 +547,10 @@ class Daemon:
     def publish_control(self, rec: StreamRecord) -> None:
         """Local mode: the retained control message devices follow (Square Wave phase, then Hybrid with theta)."""
         op, t = rec.operator, self.cfg.template
-        if op.theta is None:
+        if isinstance(op, CategoricalRelease):
+            c = op.config
+            msg = categorical_control(rec.name, c.epsilon, c.mechanism, c.categories)
+        elif op.theta is None:
             msg = threshold_control(rec.name, op.config.threshold_budget, t.bound, op.sw_b, domain=op.sw_domain)
         else:
             msg = stream_control(rec.name, t.epsilon, op.theta)

@@ -77,6 +77,7 @@ from typing import Any
 
 import numpy as np
 
+from operators.categorical.release import LOCAL_MECHANISMS, MAX_DENSE_CELLS, local_perturb, report_outputs
 from operators.local.hybrid import hybrid_report, hybrid_scale
 from operators.local.square_wave import square_wave_parameters, square_wave_report
 from operators.noise import Domain, KeyedGenerator, new_key
@@ -99,6 +100,7 @@ __all__ = [
     "DeviceLimits",
     "SpentAccount",
     "add_arguments",
+    "categorical_control",
     "main",
     "parse_control",
     "run_device",
@@ -112,9 +114,13 @@ DEFAULT_CONTROL_TOPIC = "tops/control/{stream}"
 DEFAULT_REPORT_TOPIC = "meters/{stream}/report"
 PHASE_THRESHOLD = "threshold"
 PHASE_STREAM = "stream"
+PHASE_CATEGORICAL = "categorical"  # a categorical stream (operators/categorical/release.py): one phase, no holdout
 MECHANISMS = {PHASE_THRESHOLD: "square_wave", PHASE_STREAM: "hybrid"}
+CATEGORICAL_MECHANISMS = LOCAL_MECHANISMS
+MAX_CATEGORIES = MAX_DENSE_CELLS
 ADDRESS_SQUARE_WAVE = 1
 ADDRESS_HYBRID = 2
+ADDRESS_CATEGORICAL = 3
 _MAX_POSITION = 1 << 34  # well inside the 2^35 words of one ChaCha20 keystream; a fresh key after that
 _MAX_CONTROL_BYTES = 4096
 
@@ -144,6 +150,7 @@ class Control:
     lower: float = 0.0
     mechanism: str = ""
     domain: float | None = None  # threshold phase: Square Wave over [0, domain] (the fine round), else [0, bound]
+    categories: int | None = None  # phase categorical: d, categories are 0 .. d - 1
 
     @property
     def sw_domain(self) -> float:
@@ -152,6 +159,9 @@ class Control:
 
     def report_range(self) -> tuple[float, float]:
         """The interval every honest report of this phase lies in (the server may reject reports outside it)."""
+        if self.phase == PHASE_CATEGORICAL:
+            assert self.categories is not None
+            return 0.0, float(report_outputs(self.mechanism, self.epsilon, self.categories) - 1)
         if self.phase == PHASE_THRESHOLD:
             assert self.bound is not None and self.sw_b is not None
             return -self.sw_b * self.sw_domain, (1.0 + self.sw_b) * self.sw_domain
@@ -162,7 +172,9 @@ class Control:
     def to_message(self) -> dict[str, Any]:
         """The JSON object the daemon publishes (retained) on the control topic."""
         msg: dict[str, Any] = {"stream": self.stream, "phase": self.phase, "epsilon": self.epsilon}
-        if self.phase == PHASE_THRESHOLD:
+        if self.phase == PHASE_CATEGORICAL:
+            msg.update(mechanism=self.mechanism, categories=self.categories)
+        elif self.phase == PHASE_THRESHOLD:
             msg.update(bound=self.bound, mechanism=MECHANISMS[PHASE_THRESHOLD], sw_b=self.sw_b)
             if self.domain is not None:
                 msg["domain"] = self.domain
@@ -208,8 +220,19 @@ def parse_control(message: Any, stream: str | None = None) -> Control:
         msg = "control message is for another stream"
         raise ControlError(msg, "stream")
     phase = message.get("phase")
+    if phase == PHASE_CATEGORICAL:
+        mech = message.get("mechanism")
+        if mech not in CATEGORICAL_MECHANISMS:
+            msg = f"control field 'mechanism' must be one of {', '.join(CATEGORICAL_MECHANISMS)} in phase categorical"
+            raise ControlError(msg, "mechanism")
+        d = message.get("categories")
+        if type(d) is not int or not 2 <= d <= MAX_CATEGORIES:
+            msg = f"control field 'categories' must be an integer in [2, {MAX_CATEGORIES}]"
+            raise ControlError(msg, "categories")
+        epsilon = _number(message, "epsilon", upper=30)
+        return Control(stream=name, phase=phase, epsilon=epsilon, mechanism=mech, categories=d)
     if phase not in MECHANISMS:
-        msg = f"control field 'phase' must be {PHASE_THRESHOLD!r} or {PHASE_STREAM!r}"
+        msg = f"control field 'phase' must be {PHASE_THRESHOLD!r}, {PHASE_STREAM!r} or {PHASE_CATEGORICAL!r}"
         raise ControlError(msg)
     if message.get("mechanism", MECHANISMS[phase]) != MECHANISMS[phase]:
         msg = f"control field 'mechanism' must be {MECHANISMS[phase]!r} in phase {phase!r}"
@@ -255,6 +278,12 @@ def threshold_control(
     ).to_message()
 
 
+def categorical_control(stream: str, epsilon: float, mechanism: str, categories: int) -> dict[str, Any]:
+    """The control message of a local categorical stream (GRR or Hadamard Response over ``categories``)."""
+    return parse_control({"stream": stream, "phase": PHASE_CATEGORICAL, "epsilon": float(epsilon),
+                          "mechanism": mechanism, "categories": int(categories)}).to_message()
+
+
 def stream_control(stream: str, epsilon: float, theta: float) -> dict[str, Any]:
     """The phase-2 control message (truncate to ``[0, theta]``, Hybrid mechanism at ``epsilon``)."""
     return parse_control(
@@ -285,6 +314,7 @@ class Device:
         seq_floor: int = 0,
         account: SpentAccount | None = None,
         bound: float | None = None,
+        categories: int | None = None,
     ) -> None:
         if not isinstance(stream, str) or not stream or any(c in stream for c in "+#/\0"):
             msg = "a stream name is a non-empty string without '+', '#', '/'"
@@ -298,10 +328,11 @@ class Device:
         self.account = account if account is not None else SpentAccount()
         self.refusals: collections.Counter[str] = collections.Counter()
         self.pinned_bound = limits.bound if limits.bound is not None else bound
+        self.categories = categories  # a categorical device: its readings are categories 0 .. categories - 1
         self.seq = SequenceNumbers(seq_floor) if sequence else None
         self._fixed_key = key is not None
         self._gen = KeyedGenerator(key if key is not None else new_key())
-        self._positions = {ADDRESS_SQUARE_WAVE: 0, ADDRESS_HYBRID: 0}
+        self._positions = {ADDRESS_SQUARE_WAVE: 0, ADDRESS_HYBRID: 0, ADDRESS_CATEGORICAL: 0}
 
     def __repr__(self) -> str:
         return f"Device(stream={self.stream!r}, phase={self.phase!r}, reports={self.reports})"
@@ -326,6 +357,13 @@ class Device:
         if control.lower != lim.lower:
             msg = f"control lower end {control.lower:g} differs from this device's {lim.lower:g}"
             raise ControlError(msg, "lower")
+        if (control.phase == PHASE_CATEGORICAL) != (self.categories is not None):
+            msg = ("control is for a categorical stream and this device reports numbers" if self.categories is None
+                   else "control is for a numeric stream and this device reports categories (--categories)")
+            raise ControlError(msg, "kind")
+        if control.phase == PHASE_CATEGORICAL and control.categories != self.categories:
+            msg = f"control categories {control.categories} differ from this device's {self.categories}"
+            raise ControlError(msg, "categories")
         limit = lim.epsilon_limit(control.phase)
         if control.epsilon > limit:
             name = "threshold-phase epsilon" if control.phase == PHASE_THRESHOLD else "epsilon"
@@ -338,7 +376,7 @@ class Device:
             if pinned is not None and control.bound != pinned:
                 msg = f"control bound {control.bound:g} differs from the bound pinned on this device ({pinned:g})"
                 raise ControlError(msg, "bound")
-        else:
+        elif control.phase == PHASE_STREAM:
             assert control.theta is not None
             if pinned is not None and not control.theta <= pinned:
                 msg = f"control theta {control.theta:g} is outside (0, {pinned:g}], the bound pinned on this device"
@@ -389,6 +427,17 @@ class Device:
         if v.size and not np.isfinite(v).all():
             msg = "readings must be finite numbers"
             raise ValueError(msg)
+        c = self.control
+        if c.phase == PHASE_CATEGORICAL:
+            assert c.categories is not None
+            if v.size and not (np.all(v == np.floor(v)) and v.min() >= 0 and v.max() < c.categories):
+                msg = "categories must be integers in [0, categories)"
+                raise ValueError(msg)
+            u = self._uniforms(ADDRESS_CATEGORICAL, 2 * v.size)
+            out = local_perturb(c.mechanism, v.astype(np.int64), c.categories, c.epsilon, u).astype(np.float64)
+            self.reports += v.size
+            self.account.add(c.phase, c.epsilon, v.size)
+            return out
         # a negative reading is clamped to the lower end 0 and reported like any other: a missing report would
         # itself tell the server that the reading was negative
         v = np.maximum(v, 0.0)
@@ -425,6 +474,8 @@ class Device:
         if phase == PHASE_THRESHOLD:
             if self.control.domain is not None:
                 extra = {"domain": self.control.domain}
+        elif phase == PHASE_CATEGORICAL:
+            values = values.astype(np.int64)  # a report value is an integer
         else:
             extra = {"theta": theta}
         ys = values.tolist()
@@ -573,6 +624,10 @@ def _parse_lines(lines: list[bytes], pipeline: _Pipeline) -> list[float]:
             continue
         if not math.isfinite(value):
             pipeline.invalid += 1
+            continue
+        d = pipeline.device.categories
+        if d is not None and not (value == math.floor(value) and 0 <= value < d):
+            pipeline.invalid += 1  # not a category of this device: counted, never reported
             continue
         out.append(value)  # a negative reading is clamped to 0 when perturbed, never skipped
     return out
@@ -787,6 +842,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "first accepted B is pinned)",
     )
     parser.add_argument(
+        "--categories", type=int, metavar="D",
+        help="a categorical device: readings are categories 0 .. D-1, reported with the GRR or Hadamard Response "
+        "control of a categorical stream (whose categories must equal D)",
+    )
+    parser.add_argument(
         "--limits", metavar="FILE",
         help="TOML file of pinned limits: max_epsilon, max_threshold_epsilon, bound, lower, mechanisms "
         "(options given on the command line win)",
@@ -862,6 +922,8 @@ def main(args: argparse.Namespace) -> int:
         problems.append("--port must be in 1..65535")
     if not (math.isfinite(args.status_interval) and args.status_interval >= 0):
         problems.append("--status-interval must be a number of seconds >= 0")
+    if args.categories is not None and not 2 <= args.categories <= MAX_CATEGORIES:
+        problems.append(f"--categories must be an integer in [2, {MAX_CATEGORIES}]")
     limits, found = _limits_from_args(args)
     problems += found
     try:
@@ -907,5 +969,6 @@ def main(args: argparse.Namespace) -> int:
         seq_floor=state.seq_reserved if state else 0,
         account=state.account if state else None,
         bound=state.bound if state else None,
+        categories=args.categories,
     )
     return asyncio.run(run_device(options, device))

@@ -43,8 +43,8 @@ __all__ = [
 EPSILON_CEILING = 50.0  # no owner limit above this: at eps 50 a report is the reading, for all purposes
 SEQ_LIMIT = 1 << 63  # the daemon takes seq in [0, 2^63)
 SEQ_RESERVE = 1 << 20  # seq numbers reserved in the state file ahead of use (one small write per ~1 M reports)
-MECHANISM_NAMES = ("square_wave", "hybrid")
-PHASES = ("threshold", "stream")
+MECHANISM_NAMES = ("square_wave", "hybrid", "grr", "hr")  # grr, hr: categorical streams
+PHASES = ("threshold", "stream", "categorical")
 _LIMIT_KEYS = ("max_epsilon", "max_threshold_epsilon", "bound", "lower", "mechanisms")
 
 
@@ -185,7 +185,8 @@ class SpentAccount:
         return math.fsum(a.total_epsilon for a in self.phases.values())
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {p: a.to_dict() for p, a in self.phases.items()}
+        # a numeric device's account keeps its two phases; the categorical one appears once used
+        out: dict[str, Any] = {p: a.to_dict() for p, a in self.phases.items() if p != "categorical" or a.readings}
         out.update(
             readings=self.readings,
             max_epsilon_per_reading=self.max_epsilon_per_reading,
@@ -201,6 +202,8 @@ class SpentAccount:
             raise ValueError("account")
         for p in PHASES:
             d = doc.get(p)
+            if d is None and p == "categorical":  # saved before categorical streams existed
+                continue
             if not isinstance(d, dict):
                 raise ValueError("account")
             n, m, t = d.get("readings"), d.get("max_epsilon"), d.get("total_epsilon")
@@ -211,11 +214,13 @@ class SpentAccount:
 
     def line(self) -> str:
         """One log line: counts and epsilons only, never a reading."""
-        th, st = self.phases["threshold"], self.phases["stream"]
+        th, st, ca = self.phases["threshold"], self.phases["stream"], self.phases["categorical"]
+        cat = f", categorical {ca.readings} at eps <= {ca.max_epsilon:g} (sum {ca.total_epsilon:g})" if ca.readings \
+            else ""
         return (
             f"account: {self.readings} readings, each reported once; threshold phase {th.readings} at eps <= "
             f"{th.max_epsilon:g} (sum {th.total_epsilon:g}), stream phase {st.readings} at eps <= "
-            f"{st.max_epsilon:g} (sum {st.total_epsilon:g}); every reading is eps-LDP at the epsilon of its one "
+            f"{st.max_epsilon:g} (sum {st.total_epsilon:g}){cat}; every reading is eps-LDP at the epsilon of its one "
             f"report, at most {self.max_epsilon_per_reading:g}; all readings together at most "
             f"{self.total_epsilon:g}"
         )

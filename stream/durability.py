@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from prometheus_client import Counter
 
 from operators import ToPSConfig
-from stream.config import build_operator
+from stream.config import stream_params
 from stream.journal import Journal
 from stream.keys import derive_stream_key, load_master_key
 from stream.redelivery import Redeliveries
@@ -44,7 +44,7 @@ from stream.router import ReleaseBatch, StreamRecord
 from stream.sources import published
 from stream.spill import Spill
 from stream.store import Store, StoreError
-from stream.ticking import PeriodBins
+from stream.ticking import CategoryBins, PeriodBins
 
 if TYPE_CHECKING:
     from stream.daemon import Daemon
@@ -70,7 +70,8 @@ def record_state(rec: StreamRecord) -> dict[str, Any]:
         "operator": _compact(rec.operator.snapshot()),
         "last_seq": rec.last_seq,
         "ticks": rec.ticks,
-        "bins": None if bins is None else {"first": bins.first, "open": [[k, v] for k, v in bins.bins.items()]},
+        "bins": None if bins is None else {"first": bins.first, "open": [
+            [k, [[c, n] for c, n in v.items()] if isinstance(v, dict) else v] for k, v in bins.bins.items()]},
     }
 
 
@@ -104,7 +105,10 @@ def apply_state(rec: StreamRecord, state: dict[str, Any]) -> None:
     rec.last_seq = state.get("last_seq")
     rec.ticks = int(state.get("ticks", rec.ticks))
     b = state.get("bins")
-    if b is not None and rec.bins is not None:
+    if b is not None and isinstance(rec.bins, CategoryBins):
+        rec.bins = CategoryBins(int(b["first"]))
+        rec.bins.bins = {int(k): {int(c): int(n) for c, n in v} for k, v in b["open"]}
+    elif b is not None and rec.bins is not None:
         rec.bins = PeriodBins(int(b["first"]))
         rec.bins.bins = {int(k): float(v) for k, v in b["open"]}
 
@@ -141,8 +145,7 @@ class Durability:
         self.checkpoint_interval = float(st.checkpoint_interval)
         self.checkpoint_every = int(st.checkpoint_every)
         self.new_generation = set(st.new_generation)
-        mode = getattr(cfg.streams, "mode", "central")
-        self.params = {"mode": mode, "method": getattr(cfg.streams, "method", "tops"), **cfg.template.to_dict()}
+        self.params = stream_params(cfg)
         self.master: bytes | None = None
         self.held: list[list[ReleaseBatch]] = []  # releases waiting for the sync of their readings
         self.acks: list[tuple[Any, list[int]]] = []  # QoS 1 messages (client, mids of a batch) waiting for the sync
@@ -383,7 +386,7 @@ class Durability:
         if self.master is not None and not self.daemon.local:
             key: bytes | None = derive_stream_key(self.master, name, identity=self.store.identity,
                                                    generation=adm.generation)
-            op = build_operator(self.daemon.cfg.template, self.daemon.cfg.streams.method, key)
+            op = self.daemon.keyed_operator(key)
         else:  # local mode (the server holds no noise key) or an operator factory given by a test
             key = None
             op = self._base_factory(name)

@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 from typing import IO
 
-from stream.config import DaemonConfig
+from stream.config import DaemonConfig, stream_params
 from stream.keys import KeyFileError, load_master_key
 
 __all__ = ["DataDirLocked", "lock_data_dir", "preflight"]
@@ -112,7 +112,7 @@ def _store_problems(cfg: DaemonConfig, master: bytes | None) -> list[str]:
         if master is not None and stored_tag is not None and stored_tag != key_check(master):
             problems.append(f"state store {db} was made with another master key than {cfg.streams.key_file}; "
                             "use the key file it was made with, or another [state] data_dir")
-        params = {"mode": cfg.streams.mode, "method": cfg.streams.method, **cfg.template.to_dict()}
+        params = stream_params(cfg)
         problems += store.privacy_mismatches(params, set(cfg.state.new_generation))
         return problems
     except Exception as exc:  # a store of another shape: the start would refuse it too

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from stream.errors import StreamCapError
-from stream.ticking import PeriodBins, PeriodClock
+from stream.ticking import CategoryBins, PeriodBins, PeriodClock
 
 __all__ = ["ReleaseBatch", "Router", "StreamRecord"]
 
@@ -57,7 +58,11 @@ class StreamRecord:
             return {"stream": self.name, "phase": "failed", "identity": self.identity} if self.identity else {
                 "stream": self.name, "phase": "failed"}
         op = self.operator
-        if op.phase == "holdout":
+        if getattr(op, "takes_categories", False):
+            cfg = op.config
+            st = {"stream": self.name, "phase": "releasing", "kind": "categorical", "mechanism": cfg.mechanism,
+                  "categories": cfg.categories, "epsilon": cfg.epsilon}
+        elif op.phase == "holdout":
             st = {"stream": self.name, "phase": "holdout", "holdout_left": int(op.holdout_left)}
         else:
             st = {"stream": self.name, "phase": "releasing", "theta": float(op.theta)}
@@ -110,7 +115,8 @@ class Router:
         rec = StreamRecord(name=name, operator=op, name_json=json.dumps(name), phase=op.phase,
                            last_seen=time.monotonic())
         if self.clock is not None:
-            rec.bins = PeriodBins(self.clock.last_closable(time.time() if now is None else now) + 1)
+            first = self.clock.last_closable(time.time() if now is None else now) + 1
+            rec.bins = CategoryBins(first) if getattr(op, "takes_categories", False) else PeriodBins(first)
         self.streams[name] = rec
         if rec.phase == "holdout":
             self.in_holdout += 1
@@ -140,7 +146,13 @@ class Router:
             if k > self.clock.index(now) + 1:
                 self.counts["invalid"] += 1
                 return "invalid"
-            if not bins.add(k, 1.0 if self.count_events else value):
+            if isinstance(bins, CategoryBins):
+                if not rec.operator.valid(value):  # not a category (or report value) of this stream
+                    self.counts["invalid"] += 1
+                    return "invalid"
+            elif self.count_events:
+                value = 1.0
+            if not bins.add(k, value):
                 self.counts["late"] += 1
                 return "late"
         if seq is not None:
@@ -234,6 +246,14 @@ class Router:
         t0 = time.perf_counter()
         op = rec.operator
         n = len(values)
+        if getattr(op, "takes_categories", False):  # one histogram release per period
+            out = op.process(values)
+            first = rec.ticks
+            rec.ticks += n
+            self.ticks_processed += n
+            self.ticks_total += n
+            self.latencies.append(time.perf_counter() - t0)
+            return ReleaseBatch(rec, list(range(first, first + n)), ts, out, math.nan)
         if n == 1:
             out = [op.process_one(values[0])]
         else:

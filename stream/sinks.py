@@ -23,6 +23,11 @@ def encode_releases(batch: ReleaseBatch, epsilon: float) -> list[str]:
     >>> encode_releases(ReleaseBatch(rec, [5], [1.5], [2.0], 7.0), 1.0)
     ['{"stream":"m1","tick":5,"ts":1.5,"value":2.0,"epsilon":1.0,"theta":7.0}']
     """
+    if batch.values and isinstance(batch.values[0], dict):  # categorical: one histogram per period
+        name = batch.record.name_json
+        eps = float(epsilon)
+        return [f'{{"stream":{name},"tick":{t},"ts":{ts!r},' + json.dumps(v, separators=(",", ":"))[1:-1]
+                + f',"epsilon":{eps!r}}}' for t, ts, v in zip(batch.ticks, batch.ts, batch.values, strict=True)]
     head = f'{{"stream":{batch.record.name_json},"tick":'
     tail = f',"epsilon":{float(epsilon)!r},"theta":{batch.theta!r}}}'
     ts = batch.ts

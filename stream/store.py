@@ -55,6 +55,11 @@ PRIVACY_KEYS = (
     "smoother_layers",
     "alpha",
     "window",
+    "kind",  # categorical streams (only their params hold these keys)
+    "categories",
+    "mechanism",
+    "neighbours",
+    "delta",
 )
 
 _SCHEMA = """

@@ -73,3 +73,29 @@ class PeriodBins:
         out = [pop(k, 0.0) for k in range(self.first, last + 1)]
         self.first = last + 1
         return out
+
+
+class CategoryBins(PeriodBins):
+    """The open periods of a categorical stream: a tally ``{category (or report value): count}`` per period."""
+
+    __slots__ = ()
+
+    def add(self, k: int, amount: float) -> bool:
+        """Count one ``amount`` (a category) in period ``k``; False when that period is already closed."""
+        if k < self.first:
+            return False
+        tally = self.bins.get(k)
+        if tally is None:
+            tally = self.bins[k] = {}
+        c = int(amount)
+        tally[c] = tally.get(c, 0) + 1
+        return True
+
+    def close_through(self, last: int) -> list[dict[int, int]]:  # type: ignore[override]
+        """Tallies of periods ``first .. last`` in order (empty for a period without readings); closed afterwards."""
+        if last < self.first:
+            return []
+        pop = self.bins.pop
+        out = [pop(k, {}) for k in range(self.first, last + 1)]
+        self.first = last + 1
+        return out

@@ -51,6 +51,7 @@ PURPOSES = {
     "laplace": 8,
     "stability": 9,
     "simulate": 10,
+    "counter": 11,  # the key of a category's ToPS counter (operators/categorical/release.py)
 }
 
 
