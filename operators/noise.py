@@ -334,17 +334,20 @@ def _sample(bits: _Bits, n: int, dl: DiscreteLaplace) -> np.ndarray:
 # too much for the many small draws of a daemon's or an audit's hierarchy walks. TOPS_NOISE_KERNEL=numpy|numba
 # forces one of them (tests compare both).
 _COMPILE_AFTER = 32
+_COMPILE_AT_ONCE = 1 << 16  # one draw this large pays for loading the compiled kernel
 _kernel_state: dict[str, object] = {"calls": 0, "sample": None}
 
 
-def _kernel():
+def _kernel(n: int = 0):
+    """The compiled sampler once it is worth its load (after a few calls, or at once for a large draw), else None
+    (the numpy path: the same samples, bit for bit)."""
     forced = os.environ.get("TOPS_NOISE_KERNEL", "")
     if forced == "numpy":
         return None
     st = _kernel_state
     if st["sample"] is None:
         st["calls"] = int(st["calls"]) + 1
-        if forced == "numba" or int(st["calls"]) > _COMPILE_AFTER:
+        if forced == "numba" or int(st["calls"]) > _COMPILE_AFTER or n >= _COMPILE_AT_ONCE:
             from operators._dlap_kernel import sample
 
             st["sample"] = sample
@@ -353,7 +356,7 @@ def _kernel():
 
 def _sample_fast(bits: _Bits, n: int, dl: DiscreteLaplace) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_sample` (and its overflow marks), by the compiled kernel once it is loaded."""
-    kernel = _kernel()
+    kernel = _kernel(n)
     if kernel is None:
         return _sample(bits, n, dl), bits.ovf
     out = np.zeros(n, dtype=np.int64)
