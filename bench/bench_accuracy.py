@@ -4,9 +4,9 @@
 
 For every stream and eps it runs ToPS (calibrated, the default), ToPS with the paper's selection (Eq. 6 / Eq. 7)
 and ToPS at the best fixed (theta, s) found on the truth (not private), each with the same keys and ranges
-(`stream.compare.run_compare`, the code behind `tops compare`), and prints mean MSE, the two ratios and the MSE by
-range length class. Streams: DNS and retail extended to m + 2^20 ticks (the paper's protocol), and streams the
-method was never looked at while it was designed: `tops simulate` meters (three seeds, 1-minute ticks, B = 5000)
+(`stream.commands.compare.run_compare`, the code behind `tops compare`), and prints mean MSE, the two ratios and
+the MSE by range length class. Streams: DNS and retail extended to m + 2^20 ticks (the paper's protocol), and streams
+the method was never looked at while it was designed: `tops simulate` meters (three seeds, 1-minute ticks, B = 5000)
 and held-out parts of the data (the second half of DNS; retail reversed). Not a test: nothing here asserts.
 """
 
@@ -23,9 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from operators.config import ToPSConfig  # noqa: E402
-from stream import datasets  # noqa: E402
-from stream.compare import LENGTH_CLASSES, extend, run_compare  # noqa: E402
-from stream.simulate import SUGGESTED_BOUND, simulate_values  # noqa: E402
+from stream.commands import datasets  # noqa: E402
+from stream.commands.compare import run_compare  # noqa: E402
+from stream.commands.scoring import LENGTH_CLASSES, extend  # noqa: E402
+from stream.commands.simulate import SUGGESTED_BOUND, simulate_values  # noqa: E402
 
 EPS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 M, R = 65536, 1 << 20

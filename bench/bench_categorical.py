@@ -23,8 +23,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stream.categorical_data import stand_in  # noqa: E402
-from stream.compare_categorical import run_method  # noqa: E402
+from stream.commands.categorical_data import stand_in  # noqa: E402
+from stream.commands.compare_categorical import run_method  # noqa: E402
 
 KEY = bytes(range(32))
 

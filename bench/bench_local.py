@@ -28,8 +28,8 @@ from operators.local import (  # noqa: E402
 )
 from operators.noise import Domain, KeyedGenerator  # noqa: E402
 from operators.topl import ToPL, ToPLConfig  # noqa: E402
-from stream import datasets  # noqa: E402
-from stream.device import Device, stream_control, threshold_control  # noqa: E402
+from stream.commands import datasets  # noqa: E402
+from stream.device.client import Device, stream_control, threshold_control  # noqa: E402
 
 M = 65536
 

@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 from operators import ToPS, ToPSConfig  # noqa: E402
 from operators.evaluation import range_query_errors, summarize  # noqa: E402
 from operators.noise import DiscreteLaplace, Domain, KeyedGenerator  # noqa: E402
-from stream import datasets  # noqa: E402
-from stream.inputs import read_stream  # noqa: E402
+from stream.commands import datasets  # noqa: E402
+from stream.commands.inputs import read_stream  # noqa: E402
 
 M, R = 65536, 1 << 20
 KEY_HEX = "ab" * 32

@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stream.config import build_config  # noqa: E402
-from stream.daemon import Daemon  # noqa: E402
+from stream.core.config import build_config  # noqa: E402
+from stream.daemon.service import Daemon  # noqa: E402
 
 TEMPLATE = {"epsilon": 1.0, "bound": 1000.0, "holdout": 100, "query_range": 1 << 16, "fanout": 16}
 

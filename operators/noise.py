@@ -109,6 +109,16 @@ class DiscreteLaplace:
         if not _positive_finite(epsilon) or not _positive_finite(sensitivity):
             msg = "epsilon and sensitivity must be positive finite numbers"
             raise ValueError(msg)
+        done = _DL_PARAMETERS.get((epsilon, sensitivity))  # exact rational work, once per (epsilon, sensitivity)
+        if done is not None:
+            for name, value in zip(self.__slots__, done, strict=True):
+                setattr(self, name, value)
+            return
+        self._compute(epsilon, sensitivity)
+        if len(_DL_PARAMETERS) < 4096:
+            _DL_PARAMETERS[(epsilon, sensitivity)] = tuple(getattr(self, n) for n in self.__slots__)
+
+    def _compute(self, epsilon: float, sensitivity: float) -> None:
         scale = Fraction(sensitivity) / Fraction(epsilon)
         if not _MIN_SCALE <= scale <= _MAX_SCALE:
             msg = "discrete Laplace scale sensitivity / epsilon must be in [2^-10, 2^36]"
@@ -167,6 +177,7 @@ def discrete_laplace_variance(a: float) -> float:
     return 2.0 * a / (1.0 - a) ** 2
 
 
+_DL_PARAMETERS: dict[tuple[float, float], tuple] = {}  # (epsilon, sensitivity) -> the slots' values
 _PRECISION_BITS = 20  # t / s carries >= 20 significant bits: effective epsilon >= epsilon (1 - 2^-20)
 _MIN_SCALE = Fraction(1, 1 << 10)
 _MAX_SCALE = Fraction(1 << 36)  # so that m <= 56 and the long division r << 8 stays below 2^64

@@ -26,6 +26,7 @@ Only ``m_theta`` depends on the data; it has sensitivity 1 and moves all candida
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -46,12 +47,20 @@ _ALL_INTEGERS_UP_TO = 4096  # every grid point as a candidate while there are at
 _GEOMETRIC_STEP = 1.001  # beyond that, candidates 0.1% apart
 
 
+@functools.lru_cache(maxsize=64)
 def candidate_grid(bound: float, resolution: float) -> np.ndarray:
     """Candidate thresholds in quantized units (multiples of ``resolution``) over [1, B].
 
     Every grid point while there are at most 4096 of them; otherwise the first 4096 grid points and then a
-    geometric grid with steps of 0.1% up to B.
+    geometric grid with steps of 0.1% up to B. Read-only and shared by every stream of the same bound (computed
+    once: a daemon creates many streams).
     """
+    grid = _candidate_grid(bound, resolution)
+    grid.flags.writeable = False
+    return grid
+
+
+def _candidate_grid(bound: float, resolution: float) -> np.ndarray:
     top = math.floor(bound / resolution + 1e-9)
     low = max(1, math.ceil(1.0 / resolution - 1e-9))
     low = min(low, top)
@@ -117,12 +126,13 @@ def eq7_error(s: float | np.ndarray, *, epsilon: float, theta: float, query_rang
     return noise + bias
 
 
+@functools.lru_cache(maxsize=256)
 def smoother_layers(epsilon: float, query_range: int, fanout: int, theta: float = 1.0) -> int:
     """s by Eq. 7: minimise over real ``x = b^s`` in [1, r], then round ``log_b x*`` (as the reference code does).
 
     Eq. 7 is convex in ``s`` (a decreasing cubic plus an increasing exponential), so a golden-section search
     finds the continuous minimiser; theta scales both terms and does not move it. The result is capped at
-    ``h - 1`` so that at least one tree layer remains.
+    ``h - 1`` so that at least one tree layer remains. Cached: a pure function of its public arguments.
     """
     levels = math.log(query_range, fanout)
     lo, hi = 0.0, levels

@@ -5,7 +5,7 @@ Every tick is one device report. For the first ``m`` ticks (the holdout) the "de
 density by EM with SW-W pruning and picks theta by Eq. 8 (:mod:`operators.local.threshold`). From then on the device
 truncates its reading to ``[0, theta]`` and reports it with the Hybrid mechanism at ``epsilon``; the release of a
 tick is that unbiased report (no smoother: Section 4.2). The daemon's local mode runs the same two halves apart: the
-randomizers on the devices (:mod:`stream.device`), the estimation on the server.
+randomizers on the devices (:mod:`stream.device.client`), the estimation on the server.
 
 Each tick's report is eps-LDP for the reading of that tick (``threshold_epsilon`` during the holdout, ``epsilon``
 after). The simulated devices draw their uniforms from the stream key under ``Domain.LOCAL`` (address 1: SW, one

@@ -48,6 +48,7 @@ from operators.threshold import (
 __all__ = ["ToPS"]
 
 _SNAPSHOT_VERSION = 1
+_SPARSE_CELLS = 128  # a holdout touching at most this many candidate cells may keep them in a dict
 
 
 class ToPS:
@@ -68,7 +69,7 @@ class ToPS:
         self.theta_units: int | None = None
         self.smoother_layers: int | None = None
         self._candidates: np.ndarray | None = None
-        self._hist: np.ndarray | None = None
+        self._hist: np.ndarray | dict[int, int] | None = None
         self._noise: ConsistentNoise | None = None
         self._smoother: SmootherState | None = None
         self._blocks: BlockStats | None = None
@@ -79,7 +80,7 @@ class ToPS:
             self._start_release(max(1, round((config.theta - config.lower) / config.resolution)), start=units)
         else:
             self._candidates = candidate_grid(config.span, config.resolution)
-            self._hist = np.zeros(len(self._candidates) + 1, dtype=np.int32)
+            self._hist = {}  # sparse while that is smaller than the dense int32 histogram (small holdouts)
             self._blocks = self._new_blocks()
 
     def _new_blocks(self) -> BlockStats | None:
@@ -120,7 +121,8 @@ class ToPS:
         """Numeric state kept between calls, in bytes (histogram in the holdout; walk + smoother after)."""
         if self._hist is not None:
             blocks = self._blocks.nbytes() + 8 * len(self._pending) if self._blocks is not None else 0
-            return int(self._hist.nbytes) + 64 + blocks
+            hist = 16 * len(self._hist) if isinstance(self._hist, dict) else int(self._hist.nbytes)
+            return hist + 64 + blocks
         return self._noise.state_nbytes() + self._smoother.nbytes()
 
     # -- the work -----------------------------------------------------------------------------------------------
@@ -145,7 +147,7 @@ class ToPS:
             return
         self._flush()
         sel = choose(
-            self._hist,
+            self._dense_hist(),
             self._candidates,
             self._blocks,
             gen=self._gen,
@@ -163,7 +165,7 @@ class ToPS:
         thr_eps = cfg.threshold_epsilon or cfg.epsilon
         cands = self._candidates
         score = scores(
-            m_theta(self._hist),
+            m_theta(self._dense_hist()),
             cands * cfg.resolution,
             m=cfg.holdout,
             epsilon=cfg.epsilon,
@@ -209,7 +211,7 @@ class ToPS:
         start = 0
         if self.theta_units is None:
             take = min(n, self.holdout_left)
-            holdout_histogram(units[:take], self._candidates, self._hist)
+            self._count(units[:take])
             if self._blocks is not None:
                 self._flush()
                 self._blocks.add(units[:take])
@@ -247,7 +249,14 @@ class ToPS:
                 self.clamped += 1
                 v = 0.0
             units = min(round(v / cfg.resolution), self._bound_units)
-            self._hist[int(np.searchsorted(self._candidates, units, side="left"))] += 1
+            cell = int(np.searchsorted(self._candidates, units, side="left"))
+            hist = self._hist
+            if isinstance(hist, dict):
+                hist[cell] = hist.get(cell, 0) + 1
+                if len(hist) > self._sparse_cells():
+                    self._hist = self._dense_hist()
+            else:
+                hist[cell] += 1
             if self._blocks is not None:  # the block statistics take readings in batches (exact however batched)
                 self._pending.append(units)
                 if len(self._pending) >= 64:
@@ -268,6 +277,32 @@ class ToPS:
             return st.pred * cfg.resolution if cfg.resolution != 1.0 else st.pred
         return float(self.process(np.array([v], dtype=np.float64))[0])
 
+    def _count(self, units: np.ndarray) -> None:
+        """Count holdout readings (quantized units) in the histogram over the candidates."""
+        if isinstance(self._hist, dict):
+            cells, counts = np.unique(np.searchsorted(self._candidates, units, side="left"), return_counts=True)
+            hist = self._hist
+            for c, n in zip(cells.tolist(), counts.tolist(), strict=True):
+                hist[c] = hist.get(c, 0) + n
+            if len(hist) > self._sparse_cells():
+                self._hist = self._dense_hist()
+        else:
+            holdout_histogram(units, self._candidates, self._hist)
+
+    def _sparse_cells(self) -> int:
+        """Most cells the sparse histogram holds: a dict entry costs about 64 bytes, a dense cell 4."""
+        return min(_SPARSE_CELLS, (len(self._candidates) + 1) // 16)
+
+    def _dense_hist(self) -> np.ndarray:
+        """The holdout histogram as ``len(candidates) + 1`` int32 counts (Eq. 5's input)."""
+        hist = self._hist
+        if not isinstance(hist, dict):
+            return hist
+        dense = np.zeros(len(self._candidates) + 1, dtype=np.int32)
+        for c, n in hist.items():
+            dense[c] = n
+        return dense
+
     def _flush(self) -> None:
         if self._pending:
             self._blocks.add(np.array(self._pending, dtype=np.int64))
@@ -285,7 +320,7 @@ class ToPS:
             "smoother_layers": self.smoother_layers,
         }
         if self.theta_units is None:
-            snap["holdout_histogram"] = self._hist.tolist()
+            snap["holdout_histogram"] = self._dense_hist().tolist()
             if self._blocks is not None:
                 self._flush()
                 snap["holdout_blocks"] = self._blocks.to_dict()
@@ -324,9 +359,12 @@ class ToPS:
         if snapshot["theta_units"] is None:
             op._candidates = candidate_grid(config.span, config.resolution)
             op._hist = np.array(snapshot["holdout_histogram"], dtype=np.int32)
-            if op._hist.shape != (len(op._candidates) + 1,):
+            if op._hist.shape != (len(op._candidates) + 1,) or (op._hist < 0).any():
                 msg = "corrupt ToPS snapshot (holdout histogram)"
                 raise ValueError(msg)
+            cells = np.flatnonzero(op._hist)
+            if len(cells) <= op._sparse_cells():
+                op._hist = {int(c): int(op._hist[c]) for c in cells}
             op._blocks = op._new_blocks()
             if op._blocks is not None:
                 try:

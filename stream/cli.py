@@ -10,26 +10,32 @@ __all__ = ["main"]
 
 # subcommand -> (module, one-line help). Each module defines add_arguments(parser) and main(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("stream.daemon", "run the daemon: readings in (MQTT or stdin), one private release per tick out"),
-    "replay": ("stream.replay", "run a stream from a file through the same operators, at full speed"),
+    "run": ("stream.daemon.service", "run the daemon: readings in (MQTT or stdin), one private release per tick out"),
+    "replay": ("stream.commands.replay", "run a stream from a file through the same operators, at full speed"),
     "replay-categorical": (
-        "stream.replay_categorical",
+        "stream.commands.replay_categorical",
         "a categorical stream from a file through the daemon's operator: the same per-period releases",
     ),
-    "evaluate": ("stream.evaluate", "range-query MSE/MAE of releases against the truth (Eq. 9)"),
+    "evaluate": ("stream.commands.evaluate", "range-query MSE/MAE of releases against the truth (Eq. 9)"),
     "query": (
-        "stream.query",
+        "stream.commands.query",
         "range sums and totals per hour/day of releases (a file or live MQTT), with error bars",
     ),
-    "simulate": ("stream.simulate", "a synthetic smart-meter feed for demos and tests"),
-    "state": ("stream.state_cmd", "read-only: streams, phase, ticks released, theta, eps from the state store"),
-    "compare": ("stream.compare", "several methods over a grid of eps on real data: CSV and plots (Figures 3, 5, 7)"),
+    "simulate": ("stream.commands.simulate", "a synthetic smart-meter feed for demos and tests"),
+    "state": (
+        "stream.commands.state_cmd",
+        "read-only: streams, phase, ticks released, theta, eps from the state store",
+    ),
+    "compare": (
+        "stream.commands.compare",
+        "several methods over a grid of eps on real data: CSV and plots (Figures 3, 5, 7)",
+    ),
     "compare-categorical": (
-        "stream.compare_categorical",
+        "stream.commands.compare_categorical",
         "frequency oracles and central histograms on the commuting stand-in (seed 004's experiments): CSV",
     ),
     "device": (
-        "stream.device",
+        "stream.device.client",
         "the device side of local-DP mode: perturb readings locally and publish reports",
     ),
 }

@@ -346,7 +346,7 @@ def find_identity(tmp: Path) -> str:
     exists, else the run identity in ``tmp/daemon.log``."""
     db = tmp / "state" / "state.db"
     if db.exists():
-        from stream.store import Store
+        from stream.state.store import Store
 
         st = Store.open(db, readonly=True)
         try:

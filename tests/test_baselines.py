@@ -13,8 +13,9 @@ from operators import ToPS, ToPSConfig
 from operators.baselines import LABELS, METHODS, Counter, Flat, Hierarchy, make
 from operators.baselines.pak import percentile_rank, smooth_percentile_threshold, smooth_sensitivity
 from operators.noise import KeyedGenerator
-from stream import cli, datasets
-from stream.compare import extend, repetition_key
+from stream import cli
+from stream.commands import datasets
+from stream.commands.scoring import extend, repetition_key
 
 KEY = bytes(range(32))
 
@@ -340,7 +341,7 @@ def test_replay_method_option_runs_every_baseline(tmp_path) -> None:
     import sys
 
     from operators.baselines import METHODS
-    from stream.replay import METHOD_NAMES
+    from stream.commands.replay import METHOD_NAMES
 
     assert set(METHOD_NAMES) == set(METHODS)
     x = np.random.default_rng(0).integers(0, 20, 600).astype(float)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import csv
 import math
 
-from stream.categorical_data import stand_in
 from stream.cli import main
+from stream.commands.categorical_data import stand_in
 
 
 def test_stand_in_has_the_thesis_shape() -> None:

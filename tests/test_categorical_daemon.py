@@ -20,10 +20,10 @@ import pytest
 
 from operators.categorical.grr import grr_variance
 from operators.categorical.release import CategoricalConfig, CategoricalRelease
-from stream.config import build_config
-from stream.daemon import Daemon
-from stream.device import ControlError, Device, categorical_control, parse_control
-from stream.errors import ConfigFileError
+from stream.core.config import build_config
+from stream.core.errors import ConfigFileError
+from stream.daemon.service import Daemon
+from stream.device.client import ControlError, Device, categorical_control, parse_control
 from tests.conftest import DaemonProcess, Subscriber, free_port, identity_from_log, wait_for, write_toml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,7 +234,7 @@ def test_kill9_keeps_every_period_whole_and_released_once(mosquitto, tmp_path: P
     inp = tmp_path / "sent.jsonl"
     inp.write_text("".join(json.dumps({"stream": "region", "value": c, "ts": t, "seq": q}) + "\n"
                            for c, t, q in feeder.sent))
-    from stream.store import Store
+    from stream.state.store import Store
 
     st = Store.open(tmp_path / "state" / "state.db", readonly=True)
     identity = st.identity

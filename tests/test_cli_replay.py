@@ -140,7 +140,7 @@ def test_wrong_arguments_print_one_line(tmp_path: Path, args: list[str], expecte
 
 
 def test_key_file_derivation_matches_stream_keys(tmp_path: Path) -> None:
-    from stream.keys import derive_stream_key, load_master_key
+    from stream.core.keys import derive_stream_key, load_master_key
 
     kf = tmp_path / "master.key"
     master = load_master_key(kf, create=True)

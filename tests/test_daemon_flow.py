@@ -106,9 +106,9 @@ def test_qos0_messages_received_before_a_lost_connection_are_processed_on_resume
     processed at once, never thrown away by the backlog settling (before: all discarded when the session stayed)."""
     import aiomqtt
 
-    from stream.metrics import Metrics
-    from stream.sinks import PublishQueue
-    from stream.sources import IncomingQueue, MqttLink
+    from stream.core.metrics import Metrics
+    from stream.core.sinks import PublishQueue
+    from stream.daemon.sources import IncomingQueue, MqttLink
 
     settings = SimpleNamespace(session="persistent", host="127.0.0.1", port=1)
     processed: list[aiomqtt.Message] = []
@@ -137,7 +137,7 @@ def test_qos0_messages_received_before_a_lost_connection_are_processed_on_resume
 def test_incoming_queue_bound_counts_qos0_overload_and_keeps_qos1() -> None:
     import aiomqtt
 
-    from stream.sources import IncomingQueue
+    from stream.daemon.sources import IncomingQueue
 
     async def go() -> None:
         q = IncomingQueue(3)

@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stream import daemon as daemon_mod
-from stream.config import build_config
-from stream.errors import ConfigFileError, PayloadError, StreamCapError
-from stream.payload import decode_line, decode_payload
-from stream.router import Router
-from stream.sinks import PublishQueue
-from stream.sources import TopicRouter, backoff_delay
-from stream.ticking import PeriodBins, PeriodClock
+from stream.core.config import build_config
+from stream.core.errors import ConfigFileError, PayloadError, StreamCapError
+from stream.core.payload import decode_line, decode_payload
+from stream.core.router import Router
+from stream.core.sinks import PublishQueue
+from stream.core.ticking import PeriodBins, PeriodClock
+from stream.daemon import service as daemon_mod
+from stream.daemon.sources import TopicRouter, backoff_delay
 
 TPL = {"epsilon": 1.0, "bound": 100.0}
 
@@ -118,7 +118,7 @@ def test_config_doc_covers_every_key() -> None:
     """The README documents every key of the schema and of the stream template, each in its section's table."""
     import re
 
-    from stream.config import SCHEMA, TEMPLATE_DOCS
+    from stream.core.config import SCHEMA, TEMPLATE_DOCS
 
     text = (Path(__file__).parent.parent / "README.md").read_text()
 
@@ -191,7 +191,7 @@ def test_period_clock_and_bins() -> None:
 def test_router_periods_release_empty_periods_and_drop_late(monkeypatch: pytest.MonkeyPatch) -> None:
     """Event-time periods: every period releases (0 when empty), late events are counted and dropped."""
     now = 1000.0
-    monkeypatch.setattr("stream.router.time.time", lambda: now)
+    monkeypatch.setattr("stream.core.router.time.time", lambda: now)
     ops: dict[str, FakeOperator] = {}
 
     def factory(name: str) -> FakeOperator:
@@ -220,7 +220,7 @@ def test_router_periods_release_empty_periods_and_drop_late(monkeypatch: pytest.
 
 
 def test_router_count_aggregate_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("stream.router.time.time", lambda: 100.0)
+    monkeypatch.setattr("stream.core.router.time.time", lambda: 100.0)
     op = FakeOperator(holdout=0)
     op.theta = 5.0
     r = Router(lambda _: op, 10, clock=PeriodClock(1.0), aggregate="count", event_time=False)
@@ -249,7 +249,7 @@ def test_router_readings_seq_and_cap() -> None:
 def test_publish_queue_never_drops_and_spills_to_disk_while_disconnected(tmp_path: Path) -> None:
     """Nothing is dropped: past the limit the queue says "no room" (intake waits); while disconnected, with a spill,
     the rest goes to disk in order and comes back in order; the disk budget ends the room, never a message."""
-    from stream.spill import Spill
+    from stream.state.spill import Spill
 
     async def go() -> None:
         q = PublishQueue(limit=3)
@@ -281,7 +281,7 @@ def test_publish_queue_never_drops_and_spills_to_disk_while_disconnected(tmp_pat
 def test_spill_survives_a_restart_and_cuts_a_torn_tail(tmp_path: Path) -> None:
     """The unread part of the spill (from the position recorded after the last checkpoint) is read again after a
     restart; a torn last record is cut off; a spill read to its end is deleted at the next commit."""
-    from stream.spill import Spill
+    from stream.state.spill import Spill
 
     s = Spill.open(tmp_path, fsync=False)
     s.append([("a", b"1", False, 1), ("b", b"2", True, 0), ("c", b"3", False, 2)])
@@ -340,7 +340,7 @@ def test_defaults_line_without_config() -> None:
 def test_read_ahead_socket_serves_small_reads_from_one_recv() -> None:
     """paho's reads of 1, 1 and n bytes come from one system call; what is read ahead shows in pending(); a
     non-blocking "no data" and the end of the stream pass through unchanged."""
-    from stream.sources import ReadAheadSocket
+    from stream.daemon.sources import ReadAheadSocket
 
     class Sock:
         def __init__(self, chunks: list[bytes | type[Exception]]) -> None:

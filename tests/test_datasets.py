@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stream import datasets
+from stream.commands import datasets
 
 ROOT = Path(__file__).resolve().parents[1]
 

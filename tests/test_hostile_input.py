@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from stream.errors import PayloadError
-from stream.payload import SEQ_LIMIT, TS_MAX, decode_line, decode_payload, decode_payload_columns, decode_reports
+from stream.core.errors import PayloadError
+from stream.core.payload import SEQ_LIMIT, TS_MAX, decode_line, decode_payload, decode_payload_columns, decode_reports
 
 HUGE = "1" + "0" * 400  # 10^400: an int Python parses, too large for a float
 HOSTILE_SCALARS = [HUGE, "-" + HUGE, HUGE + ".5", "1e400", "-1e400", "NaN", "Infinity", "-Infinity", "1e-400",
@@ -165,8 +165,8 @@ def test_poison_lines_and_a_failing_operator_leave_the_other_streams_running(tmp
     import io
     import logging
 
-    from stream import daemon as daemon_mod
-    from stream.config import build_config
+    from stream.core.config import build_config
+    from stream.daemon import service as daemon_mod
     from tests.test_daemon_units import FakeOperator
 
     cfg = build_config({"metrics": {"port": 0}, "input": {"max_payload_bytes": 1 << 20},

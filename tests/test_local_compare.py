@@ -15,7 +15,7 @@ import pytest
 
 from operators.local.reference import PM_ABOVE, ReferenceToPL, _remove_trailing_zero, reference_threshold
 from operators.local.threshold import threshold_candidates, threshold_objective
-from stream.compare_local import LOCAL_METHODS, run_compare_local, true_density_theta
+from stream.commands.compare_local import LOCAL_METHODS, run_compare_local, true_density_theta
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
 
-from stream.device import Device
+from stream.device.client import Device
 from tests.conftest import DaemonProcess, Subscriber, daemon_config, free_port, wait_for
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]

@@ -19,7 +19,7 @@ import pytest
 
 from operators.local import hybrid_report, hybrid_worst_case_variance, square_wave_parameters, square_wave_report
 from operators.noise import Domain, KeyedGenerator
-from stream.device import (
+from stream.device.client import (
     ADDRESS_HYBRID,
     ADDRESS_SQUARE_WAVE,
     ControlError,
@@ -523,8 +523,8 @@ def test_a_control_above_the_pinned_limits_gets_no_report(mosquitto, tmp_path: P
 
 def test_the_state_file_reserves_seq_numbers_before_use(tmp_path: Path) -> None:
     """With a state file a restart starts above every number used, even when the clock went back."""
-    from stream.device import _Pipeline
-    from stream.device_policy import DeviceState
+    from stream.device.client import _Pipeline
+    from stream.device.policy import DeviceState
 
     path = str(tmp_path / "state.json")
     state = DeviceState(path, "s1")

@@ -20,8 +20,8 @@ from operators.local.square_wave import square_wave_parameters, square_wave_repo
 from operators.noise import Domain, KeyedGenerator
 from operators.topl import ToPL, ToPLConfig
 from operators.topl_server import LocalServer
-from stream.compare_local import true_density_theta
-from stream.device import ControlError, Device, DeviceLimits, parse_control, threshold_control
+from stream.commands.compare_local import true_density_theta
+from stream.device.client import ControlError, Device, DeviceLimits, parse_control, threshold_control
 
 
 def _retail_like(n: int, seed: int) -> np.ndarray:

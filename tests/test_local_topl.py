@@ -19,7 +19,7 @@ from operators.local import (
 )
 from operators.noise import Domain, KeyedGenerator
 from operators.topl import LOCAL_ADDRESS_HYBRID, LOCAL_ADDRESS_SQUARE_WAVE, ToPL, ToPLConfig, choose_threshold
-from stream import datasets
+from stream.commands import datasets
 
 KEY = bytes(range(32))
 

@@ -12,7 +12,7 @@ import pytest
 
 from operators.topl import ToPLConfig
 from operators.topl_server import LocalServer
-from stream.state_cmd import summarize
+from stream.commands.state_cmd import summarize
 
 KEY = "5a" * 32
 

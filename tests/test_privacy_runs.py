@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stream.config import DAEMON_METHODS
+from stream.core.config import DAEMON_METHODS
 from tests.conftest import identity_from_log, write_toml
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,9 +14,9 @@ import pytest
 from operators import ToPSConfig
 from operators.error_bar import NoiseModel, consistent_leaf_variance_weights
 from operators.hierarchy import _combine, _top_down, layer_weight
-from stream import datasets
-from stream.query import Releases
-from stream.replay import replay
+from stream.commands import datasets
+from stream.commands.query import Releases
+from stream.commands.replay import replay
 from tests.conftest import (
     TEMPLATE,
     DaemonProcess,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from operators import ToPSConfig
-from stream.store import Store
+from stream.state.store import Store
 from tests.conftest import free_port, write_toml
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from operators import ToPS, ToPSConfig
-from stream.keys import derive_stream_key, load_master_key
-from stream.store import Store
+from stream.core.keys import derive_stream_key, load_master_key
+from stream.state.store import Store
 from tests.conftest import (
     TEMPLATE,
     DaemonProcess,

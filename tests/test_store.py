@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stream.journal import Journal
-from stream.store import PrivacyParametersChanged, Store, StoreError
+from stream.state.journal import Journal
+from stream.state.store import PrivacyParametersChanged, Store, StoreError
 
 PARAMS = {"mode": "central", "epsilon": 1.0, "bound": 100.0, "holdout": 500, "query_range": 4096, "fanout": 16}
 

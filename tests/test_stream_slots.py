@@ -69,7 +69,7 @@ def test_garbage_names_are_evicted_and_an_evicted_stream_continues_exactly(mosqu
     rows = json.loads(tops("state", "--data-dir", str(tmp_path / "state"), "--json").stdout)
     assert "late" not in {x["stream"] for x in rows} and "real" in {x["stream"] for x in rows}
     assert tops("state", "retire", "nosuch", "--data-dir", str(tmp_path / "state")).returncode == 2
-    from stream.store import Store
+    from stream.state.store import Store
 
     st = Store.open(tmp_path / "state" / "state.db")
     adm = st.admit("late", {"epsilon": 1.0})

@@ -12,7 +12,7 @@ from operators import SMOOTHERS, ToPS, ToPSConfig
 from operators.evaluation import range_query_errors, summarize
 from operators.hierarchy import ConsistentNoise
 from operators.noise import DiscreteLaplace, Domain, KeyedGenerator, discrete_laplace_variance
-from stream import datasets
+from stream.commands import datasets
 from tests.reference import hay_offline, whole_tree_noise
 
 KEY = bytes(range(32))

@@ -101,7 +101,7 @@ class TwoPhase:
         The stream's 256-bit secret.
     threshold
         ``"nm-e"`` (Eq. 5-6, report-noisy-max with exponential noise, as ToPS), ``"s-p"`` or ``"s-pak"``
-        (smooth-sensitivity percentile, Appendices A-B; see :mod:`operators.baselines.pak`).
+        (smooth-sensitivity percentile, Appendices A-B; see :mod:`operators.baselines.smooth_sensitivity`).
     stream
         ``stream(config_with_theta, key) -> operator``: the stream phase, built when theta is known.
     stream_fanout
@@ -204,7 +204,7 @@ class TwoPhase:
             )
             u = self._gen.uniforms(baseline_domain("nm-e", THRESHOLD_PURPOSE), 0, 0, len(cands))
             return int(cands[report_noisy_max(score, u, thr_eps)])
-        from operators.baselines.pak import smooth_percentile_threshold
+        from operators.baselines.smooth_sensitivity import smooth_percentile_threshold
 
         return smooth_percentile_threshold(
             np.sort(units),

@@ -1,6 +1,6 @@
 """What ``tops run`` checks before it starts, and ``tops run --check`` checks without starting: every problem at once.
 
-Beyond the configuration file itself (:func:`stream.config.build_config`): the master key file (readable and of
+Beyond the configuration file itself (:func:`stream.core.config.build_config`): the master key file (readable and of
 mode 0600, or creatable in its folder), the metrics port (free), the data directory (usable), and the state store
 (readable, made with this master key, and every stored stream's privacy parameters equal to the template's unless a
 new generation is asked for). Nothing is created or changed here. Each problem is one line; the daemon does not start
@@ -20,8 +20,8 @@ import stat
 from pathlib import Path
 from typing import IO
 
-from stream.config import DaemonConfig, stream_params
-from stream.keys import KeyFileError, load_master_key
+from stream.core.config import DaemonConfig, stream_params
+from stream.core.keys import KeyFileError, load_master_key
 
 __all__ = ["DataDirLocked", "lock_data_dir", "preflight"]
 
@@ -81,8 +81,8 @@ def _port_problem(host: str, port: int) -> str | None:
 
 
 def _store_problems(cfg: DaemonConfig, master: bytes | None) -> list[str]:
-    from stream.durability import key_check
-    from stream.store import Store, StoreError
+    from stream.daemon.durability import key_check
+    from stream.state.store import Store, StoreError
 
     d = Path(cfg.state.data_dir).expanduser()
     if d.exists():

@@ -18,7 +18,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from stream.store import Store, StoreError
+from stream.state.store import Store, StoreError
 
 __all__ = ["add_arguments", "main", "summarize"]
 
@@ -43,7 +43,7 @@ def _data_dir(args: argparse.Namespace) -> Path:
             raise StoreError(msg) from None
         d = cfg.get("state", {}).get("data_dir", "auto")
         if d == "auto":  # as `tops run --config` resolves it
-            from stream.config import DEFAULT_DATA_DIR
+            from stream.core.config import DEFAULT_DATA_DIR
 
             d = DEFAULT_DATA_DIR
         if d:
@@ -89,8 +89,8 @@ def summarize(stream: dict) -> dict:
 def retire(data_dir: Path, names: list[str]) -> list[str]:
     """Retire ``names`` in the store of ``data_dir``; returns one line per stream. :class:`StoreError` when the
     daemon runs, did not stop cleanly, or a name is unknown (then nothing is retired)."""
-    from stream.journal import Journal
-    from stream.preflight import DataDirLocked, lock_data_dir
+    from stream.daemon.preflight import DataDirLocked, lock_data_dir
+    from stream.state.journal import Journal
 
     try:
         lock = lock_data_dir(data_dir)

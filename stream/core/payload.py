@@ -15,7 +15,7 @@ a payload holds (an integer of 400 digits, deep nesting, a NaN token) raises any
 >>> decode_payload(b"nan")
 Traceback (most recent call last):
 ...
-stream.errors.PayloadError: value is not a finite number
+stream.core.errors.PayloadError: value is not a finite number
 >>> decode_line(b"meter-7,42")
 ([('meter-7', 42.0, None, None)], 0)
 """
@@ -26,7 +26,7 @@ import json
 import math
 from typing import Any
 
-from stream.errors import PayloadError
+from stream.core.errors import PayloadError
 
 __all__ = ["SEQ_LIMIT", "TS_MAX", "TS_MIN", "Reading", "check_stream_name", "decode_line", "decode_payload",
            "decode_payload_columns", "decode_reports"]

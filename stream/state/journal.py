@@ -5,7 +5,7 @@ or per accepted message with several readings (``"v"`` an array; ``"t"`` one tim
 absent or an array, ``null`` for a reading without ``seq``). A line is written whole or not at all as far as replay
 goes: a torn line yields none of its readings. A segment starts with ``{"f":2}``; each sync ends what it writes with
 ``{"e":1}``, and replay takes whole syncs only: the lines after the last end mark (a write cut by a crash, never
-acknowledged) yield nothing. Lines without ``"v"`` are marks of :mod:`stream.redelivery`, handed to ``on_mark``.
+acknowledged) yield nothing. Lines without ``"v"`` are marks of :mod:`stream.state.redelivery`, handed to ``on_mark``.
 Appends are buffered and synced in batches (``sync``); only after a sync does the daemon acknowledge QoS 1 messages.
 A checkpoint rotates to a new segment first, so the checkpoint covers exactly the segments before it; a restart
 re-processes the segments from the checkpoint's position on (re-producing byte-identical releases from the keyed

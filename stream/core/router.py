@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from stream.errors import StreamCapError
-from stream.ticking import CategoryBins, PeriodBins, PeriodClock
+from stream.core.errors import StreamCapError
+from stream.core.ticking import CategoryBins, PeriodBins, PeriodClock
 
 __all__ = ["ReleaseBatch", "Router", "StreamRecord"]
 
@@ -48,7 +48,7 @@ class StreamRecord:
     bins: PeriodBins | None = None
     phase: str = "holdout"
     status_due: bool = True
-    identity: str = ""  # the run's or the store's identity its key derives from (stream/keys.py; not secret)
+    identity: str = ""  # the run's or the store's identity its key derives from (stream/core/keys.py; not secret)
     failed: bool = False
     last_seen: float = 0.0  # time.monotonic() of the last reading taken (idle eviction)
 

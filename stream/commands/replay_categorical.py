@@ -25,12 +25,12 @@ from typing import Any
 
 from operators import ConfigError
 from operators.categorical.release import CategoricalRelease
-from stream.errors import ConfigFileError, PayloadError
-from stream.payload import decode_line, decode_reports
-from stream.replay import key_from_args
-from stream.router import ReleaseBatch
-from stream.sinks import encode_releases
-from stream.ticking import CategoryBins, PeriodClock
+from stream.commands.replay import key_from_args
+from stream.core.errors import ConfigFileError, PayloadError
+from stream.core.payload import decode_line, decode_reports
+from stream.core.router import ReleaseBatch
+from stream.core.sinks import encode_releases
+from stream.core.ticking import CategoryBins, PeriodClock
 
 __all__ = ["add_arguments", "main", "replay_categorical"]
 
@@ -105,7 +105,7 @@ def replay_categorical(readings: list[tuple[float, float, int | None]], op: Cate
 
 
 def main(args: argparse.Namespace) -> int:
-    from stream.config import load_config
+    from stream.core.config import load_config
 
     try:
         cfg = load_config(args.config)

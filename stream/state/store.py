@@ -16,7 +16,7 @@ generation has a new key (so no noise is ever reused across parameter sets) and 
 >>> st.admit("meter-1", {"epsilon": 2.0, "bound": 10.0})
 Traceback (most recent call last):
 ...
-stream.store.PrivacyParametersChanged: stream 'meter-1' was started with other privacy parameters (epsilon 1.0 -> ...
+stream.state.store.PrivacyParametersChanged: stream 'meter-1' was started with other privacy parameters ...
 >>> st.admit("meter-1", {"epsilon": 2.0, "bound": 10.0}, new_generation=True).generation
 2
 """
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stream.keys import new_identity
+from stream.core.keys import new_identity
 
 __all__ = ["Admission", "PrivacyParametersChanged", "Store", "StoreError"]
 

@@ -1,6 +1,6 @@
 """The disk part of the outbox: releases that do not fit in the publish queue while the broker is unreachable.
 
-With durable state, :class:`~stream.sinks.PublishQueue` appends what does not fit in memory (``publish_queue``
+With durable state, :class:`~stream.core.sinks.PublishQueue` appends what does not fit in memory (``publish_queue``
 messages) to ``outbox-<g>.spill`` in the data directory, in order, and reads it back as the queue drains after the
 reconnection. Records: ``!I`` topic length, topic, ``!I`` payload length, payload, ``!B`` retain, ``!I`` releases.
 

@@ -9,7 +9,7 @@ start while there is any (``tops run`` exits with code 2). The README ("Running 
 >>> build_config({"ticks": {"mode": "hourly"}, "streams": {"template": {"epsilon": 1, "bound": 9}}})
 Traceback (most recent call last):
 ...
-stream.errors.ConfigFileError: [ticks] mode must be one of reading, period (got 'hourly')
+stream.core.errors.ConfigFileError: [ticks] mode must be one of reading, period (got 'hourly')
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from operators import ConfigError, ToPS, ToPSConfig
-from stream.errors import ConfigFileError
+from stream.core.errors import ConfigFileError
 
 __all__ = ["SCHEMA", "DaemonConfig", "Field", "build_config", "load_config", "stream_params"]
 

@@ -21,8 +21,8 @@ import numpy as np
 
 from operators import SMOOTHERS, ConfigError, ToPS, ToPSConfig, new_key
 from operators.config import SELECTIONS
-from stream.inputs import InputError, read_stream
-from stream.keys import KeyFileError, check_identity, derive_stream_key, load_master_key, parse_hex_key
+from stream.commands.inputs import InputError, read_stream
+from stream.core.keys import KeyFileError, check_identity, derive_stream_key, load_master_key, parse_hex_key
 
 __all__ = ["add_arguments", "config_from_args", "key_from_args", "main", "replay"]
 

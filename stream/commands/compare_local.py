@@ -21,8 +21,8 @@ import numpy as np
 from operators.local.reference import ReferenceToPL
 from operators.local.threshold import threshold_candidates, threshold_objective
 from operators.topl import ToPL, ToPLConfig
-from stream.compare import Result, _class_queries, repetition_key
-from stream.progress import progress
+from stream.commands.progress import progress
+from stream.commands.scoring import Result, class_queries, repetition_key
 
 __all__ = ["LOCAL_DEFAULT_EPS", "LOCAL_LABELS", "LOCAL_METHODS", "run_compare_local", "true_density_theta"]
 
@@ -111,7 +111,7 @@ def run_compare_local(
         lengths = rng.integers(1, min(base.query_range, n_eval) + 1, size=queries)
         starts = (rng.random(queries) * (n_eval - lengths + 1)).astype(np.int64)
         exact = ct[starts + lengths] - ct[starts]
-        by_class = _class_queries(rng, n_eval, base.query_range, queries)
+        by_class = class_queries(rng, n_eval, base.query_range, queries)
         cfg = base.replace(epsilon=eps, threshold_epsilon=thr)
         key = repetition_key(seed, rep)
         for name in methods:
@@ -137,8 +137,8 @@ def main_local(args: Any) -> int:
     from pathlib import Path
 
     from operators.config import ConfigError
-    from stream.compare import LENGTH_CLASSES, _grid, default_bound, extend, per_class, plot, write_csv
-    from stream.inputs import InputError, read_stream
+    from stream.commands.inputs import InputError, read_stream
+    from stream.commands.scoring import LENGTH_CLASSES, default_bound, eps_grid, extend, per_class, plot, write_csv
 
     try:
         default_bound(args)
@@ -154,7 +154,7 @@ def main_local(args: Any) -> int:
             if v < 1:
                 msg = f"{name} must be at least 1"
                 raise InputError(msg)
-        grid, x_threshold = _grid(tuple(args.eps or LOCAL_DEFAULT_EPS), args.threshold_eps)
+        grid, x_threshold = eps_grid(tuple(args.eps or LOCAL_DEFAULT_EPS), args.threshold_eps)
         values = read_stream(args.data)
         if args.ticks:
             values = extend(values, args.ticks)

@@ -29,25 +29,22 @@ import time
 from collections import deque
 from itertools import compress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from prometheus_client import Counter
 
 from operators import ToPSConfig
-from stream.config import stream_params
-from stream.journal import Journal
-from stream.keys import derive_stream_key, load_master_key
-from stream.redelivery import Redeliveries
-from stream.router import ReleaseBatch, StreamRecord
-from stream.sources import published
-from stream.spill import Spill
-from stream.store import Store, StoreError
-from stream.ticking import CategoryBins, PeriodBins
-
-if TYPE_CHECKING:
-    from stream.daemon import Daemon
+from stream.core.config import stream_params
+from stream.core.keys import derive_stream_key, load_master_key
+from stream.core.router import ReleaseBatch, StreamRecord
+from stream.core.ticking import CategoryBins, PeriodBins
+from stream.daemon.sources import published
+from stream.state.journal import Journal
+from stream.state.redelivery import Redeliveries
+from stream.state.spill import Spill
+from stream.state.store import Store, StoreError
 
 __all__ = ["Durability", "key_check"]
 
@@ -130,9 +127,12 @@ def private_dir(d: Path, what: str) -> None:
 
 
 class Durability:
-    """The store, the journal and what waits for them, for one daemon; use :meth:`open`."""
+    """The store, the journal and what waits for them, for one daemon; use :meth:`open`.
 
-    def __init__(self, daemon: Daemon, store: Store, journal: Journal) -> None:
+    ``daemon`` is the :class:`stream.daemon.service.Daemon` it serves (typed ``Any``: the service imports this
+    module, not the other way)."""
+
+    def __init__(self, daemon: Any, store: Store, journal: Journal) -> None:
         cfg = daemon.cfg
         st = cfg.state
         self.daemon = daemon
@@ -181,7 +181,7 @@ class Durability:
 
     # -- startup ------------------------------------------------------------------------------------------------
     @classmethod
-    def open(cls, daemon: Daemon) -> Durability:
+    def open(cls, daemon: Any) -> Durability:
         """Open the store and journal of ``[state] data_dir``, restore every stream, re-process the journal."""
         cfg = daemon.cfg
         d = Path(cfg.state.data_dir).expanduser()
@@ -325,7 +325,7 @@ class Durability:
         return bytes.fromhex(stored)
 
     def _confirm(self) -> None:
-        """Drop the redelivery entries whose acknowledgement the broker has (see stream.redelivery)."""
+        """Drop the redelivery entries whose acknowledgement the broker has (see stream.state.redelivery)."""
         red, link = self.redeliveries, self.daemon.link
         if red is None or link is None:
             return
@@ -346,7 +346,7 @@ class Durability:
         for s in stored:
             daemon.stream_record(s["name"])
         outbox = self.store.outbox()
-        if daemon.pubq is not None:  # the outbox: in the store, then what did not fit in memory (stream/spill.py)
+        if daemon.pubq is not None:  # the outbox: in the store, then what did not fit in memory (stream/state/spill.py)
             daemon.pubq.spill = Spill.open(self.store.path.parent, daemon.cfg.output.outbox_max_bytes, self.fsync)
         if outbox:
             if daemon.pubq is not None:

@@ -13,7 +13,7 @@ prediction inside partly covered leaves add a data-dependent bias that no public
 
 Python::
 
-    from stream.query import Releases
+    from stream.commands.query import Releases
     rel = Releases.from_file("releases.jsonl")
     ans = rel.range_sum("meter-1", 65536, 69631)     # ticks 65536..69631 inclusive
     ans.total, ans.stderr

@@ -49,7 +49,7 @@ from operators.categorical import (
 )
 from operators.categorical._common import categorical_domain
 from operators.noise import KeyedGenerator
-from stream.categorical_data import CategoricalData, stand_in
+from stream.commands.categorical_data import CategoricalData, stand_in
 
 __all__ = ["METHODS", "add_arguments", "main", "run_method"]
 

@@ -8,7 +8,7 @@ Protocol (the daemon publishes, devices decide). The control message of stream `
     {"stream": s, "phase": "stream", "epsilon": e2, "theta": t, "mechanism": "hybrid"}
 
 In local mode the server and the broker are the adversary: a control message only proposes. The device accepts it
-only inside its pinned :class:`~stream.device_policy.DeviceLimits` (epsilon per phase, the bound ``B``, theta in
+only inside its pinned :class:`~stream.device.policy.DeviceLimits` (epsilon per phase, the bound ``B``, theta in
 ``(0, B]``, the mechanisms it runs); anything else (too high an epsilon, a changed bound, NaN, ``1e400``, garbage)
 is refused, counted and logged on one line, and the device then sends **no** report until an acceptable control
 message arrives (readings wait, at most ``--buffer`` of them, and are reported once under that message).
@@ -21,9 +21,9 @@ mechanism (Eq. 22). Reports are JSON objects on ``meters/{stream}/report`` (conf
     {"report": y, "phase": "stream", "ts": t, "theta": t, "seq": n}     y an unbiased estimate of min(reading, theta)
 
 ``ts`` is the wall-clock time (Unix seconds) at which the device read the reading; ``seq`` increases by report and
-is not reused after a restart (:class:`~stream.device_policy.SequenceNumbers`). Raw readings never leave the device:
+is not reused after a restart (:class:`~stream.device.policy.SequenceNumbers`). Raw readings never leave the device:
 they are not published, logged, or put into error messages. Each reading is reported exactly once, so it is
-eps-LDP at the epsilon of that one report; the device's :class:`~stream.device_policy.SpentAccount` states it.
+eps-LDP at the epsilon of that one report; the device's :class:`~stream.device.policy.SpentAccount` states it.
 
 The randomness of a device comes from a :class:`~operators.noise.KeyedGenerator` with a fresh random key
 (``Domain.LOCAL``, address 1 for SW and 2 for HM, positions counting up), so nobody else can reproduce its reports.
@@ -44,7 +44,7 @@ True
 >>> dev.on_control(stream_control("meter-1", epsilon=60.0, theta=10.0))
 Traceback (most recent call last):
     ...
-stream.device.ControlError: control epsilon 60 is above this device's limit 1 (--max-epsilon)
+stream.core.control.ControlError: control epsilon 60 is above this device's limit 1 (--max-epsilon)
 >>> dev.phase is None  # refused: nothing is reported until an acceptable control message
 True
 >>> dev.on_control({"stream": "meter-1", "phase": "stream", "epsilon": 1.0, "theta": 10.0, "mechanism": "hybrid"})
@@ -77,11 +77,25 @@ from typing import Any
 
 import numpy as np
 
-from operators.categorical.release import LOCAL_MECHANISMS, MAX_DENSE_CELLS, local_perturb, report_outputs
-from operators.local.hybrid import hybrid_report, hybrid_scale
-from operators.local.square_wave import square_wave_parameters, square_wave_report
+from operators.categorical.release import local_perturb
+from operators.local.hybrid import hybrid_report
+from operators.local.square_wave import square_wave_report
 from operators.noise import Domain, KeyedGenerator, new_key
-from stream.device_policy import (
+from stream.core.control import (
+    DEFAULT_CONTROL_TOPIC,
+    DEFAULT_REPORT_TOPIC,
+    MAX_CATEGORIES,
+    PHASE_CATEGORICAL,
+    PHASE_STREAM,
+    PHASE_THRESHOLD,
+    Control,
+    ControlError,
+    categorical_control,
+    parse_control,
+    stream_control,
+    threshold_control,
+)
+from stream.device.policy import (
     SEQ_RESERVE,
     DeviceLimits,
     DeviceState,
@@ -110,192 +124,17 @@ __all__ = [
 
 log = logging.getLogger("tops.device")
 
-DEFAULT_CONTROL_TOPIC = "tops/control/{stream}"
-DEFAULT_REPORT_TOPIC = "meters/{stream}/report"
-PHASE_THRESHOLD = "threshold"
-PHASE_STREAM = "stream"
-PHASE_CATEGORICAL = "categorical"  # a categorical stream (operators/categorical/release.py): one phase, no holdout
-MECHANISMS = {PHASE_THRESHOLD: "square_wave", PHASE_STREAM: "hybrid"}
-CATEGORICAL_MECHANISMS = LOCAL_MECHANISMS
-MAX_CATEGORIES = MAX_DENSE_CELLS
 ADDRESS_SQUARE_WAVE = 1
 ADDRESS_HYBRID = 2
 ADDRESS_CATEGORICAL = 3
 _MAX_POSITION = 1 << 34  # well inside the 2^35 words of one ChaCha20 keystream; a fresh key after that
-_MAX_CONTROL_BYTES = 4096
-
-
-class ControlError(ValueError):
-    """A control message is malformed, for another stream, or outside the device's pinned limits.
-
-    ``reason`` is a short label (``malformed``, ``stream``, ``epsilon``, ``threshold_epsilon``, ``bound``,
-    ``theta``, ``lower``, ``mechanism``) for counting; the message holds no reading.
-    """
-
-    def __init__(self, message: str, reason: str = "malformed") -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class Control:
-    """A validated control message: the phase and the parameters of its randomizer."""
-
-    stream: str
-    phase: str
-    epsilon: float
-    bound: float | None = None
-    sw_b: float | None = None
-    theta: float | None = None
-    lower: float = 0.0
-    mechanism: str = ""
-    domain: float | None = None  # threshold phase: Square Wave over [0, domain] (the fine round), else [0, bound]
-    categories: int | None = None  # phase categorical: d, categories are 0 .. d - 1
-
-    @property
-    def sw_domain(self) -> float:
-        assert self.bound is not None
-        return self.bound if self.domain is None else self.domain
-
-    def report_range(self) -> tuple[float, float]:
-        """The interval every honest report of this phase lies in (the server may reject reports outside it)."""
-        if self.phase == PHASE_CATEGORICAL:
-            assert self.categories is not None
-            return 0.0, float(report_outputs(self.mechanism, self.epsilon, self.categories) - 1)
-        if self.phase == PHASE_THRESHOLD:
-            assert self.bound is not None and self.sw_b is not None
-            return -self.sw_b * self.sw_domain, (1.0 + self.sw_b) * self.sw_domain
-        assert self.theta is not None
-        s = hybrid_scale(self.epsilon)
-        return 0.5 * self.theta * (1.0 - s), 0.5 * self.theta * (1.0 + s)
-
-    def to_message(self) -> dict[str, Any]:
-        """The JSON object the daemon publishes (retained) on the control topic."""
-        msg: dict[str, Any] = {"stream": self.stream, "phase": self.phase, "epsilon": self.epsilon}
-        if self.phase == PHASE_CATEGORICAL:
-            msg.update(mechanism=self.mechanism, categories=self.categories)
-        elif self.phase == PHASE_THRESHOLD:
-            msg.update(bound=self.bound, mechanism=MECHANISMS[PHASE_THRESHOLD], sw_b=self.sw_b)
-            if self.domain is not None:
-                msg["domain"] = self.domain
-        else:
-            msg.update(theta=self.theta, mechanism=MECHANISMS[PHASE_STREAM])
-        return msg
-
-
-def _number(msg: dict[str, Any], name: str, *, upper: float = math.inf) -> float:
-    """A positive finite number below ``upper``; huge integers, NaN and infinities (``1e400``) are refused."""
-    value = msg.get(name)
-    x = math.nan
-    if not isinstance(value, bool) and isinstance(value, int | float):
-        with contextlib.suppress(OverflowError):
-            x = float(value)
-    if not (math.isfinite(x) and 0 < x < upper):
-        text = f"control field {name!r} must be a positive number"
-        raise ControlError(text + (f" below {upper:g}" if math.isfinite(upper) else ""))
-    return x
-
-
-def parse_control(message: Any, stream: str | None = None) -> Control:
-    """Validate a control message (dict, JSON text or bytes); ``stream`` must match when given."""
-    if isinstance(message, bytes | bytearray):
-        if len(message) > _MAX_CONTROL_BYTES:
-            msg = "control message too large"
-            raise ControlError(msg)
-        message = message.decode("utf-8", errors="replace")
-    if isinstance(message, str):
-        try:
-            message = json.loads(message)
-        except (ValueError, RecursionError):
-            msg = "control message is not JSON"
-            raise ControlError(msg) from None
-    if not isinstance(message, dict):
-        msg = "control message must be a JSON object"
-        raise ControlError(msg)
-    name = message.get("stream")
-    if not isinstance(name, str) or not name:
-        msg = "control field 'stream' must be a non-empty string"
-        raise ControlError(msg)
-    if stream is not None and name != stream:
-        msg = "control message is for another stream"
-        raise ControlError(msg, "stream")
-    phase = message.get("phase")
-    if phase == PHASE_CATEGORICAL:
-        mech = message.get("mechanism")
-        if mech not in CATEGORICAL_MECHANISMS:
-            msg = f"control field 'mechanism' must be one of {', '.join(CATEGORICAL_MECHANISMS)} in phase categorical"
-            raise ControlError(msg, "mechanism")
-        d = message.get("categories")
-        if type(d) is not int or not 2 <= d <= MAX_CATEGORIES:
-            msg = f"control field 'categories' must be an integer in [2, {MAX_CATEGORIES}]"
-            raise ControlError(msg, "categories")
-        epsilon = _number(message, "epsilon", upper=30)
-        return Control(stream=name, phase=phase, epsilon=epsilon, mechanism=mech, categories=d)
-    if phase not in MECHANISMS:
-        msg = f"control field 'phase' must be {PHASE_THRESHOLD!r}, {PHASE_STREAM!r} or {PHASE_CATEGORICAL!r}"
-        raise ControlError(msg)
-    if message.get("mechanism", MECHANISMS[phase]) != MECHANISMS[phase]:
-        msg = f"control field 'mechanism' must be {MECHANISMS[phase]!r} in phase {phase!r}"
-        raise ControlError(msg, "mechanism")
-    lower = message.get("lower", 0.0)
-    if isinstance(lower, bool) or not isinstance(lower, int | float) or not -1e15 <= lower <= 1e15:
-        msg = "control field 'lower' must be a number"
-        raise ControlError(msg)
-    epsilon = _number(message, "epsilon", upper=700)
-    if phase == PHASE_THRESHOLD:
-        bound = _number(message, "bound")
-        sw_b = _number(message, "sw_b", upper=1e6) if "sw_b" in message else square_wave_parameters(epsilon)[0]
-        if not math.isfinite(bound):
-            msg = "control field 'bound' must be finite"
-            raise ControlError(msg)
-        domain = None
-        if message.get("domain") is not None:
-            domain = _number(message, "domain")
-            if domain > bound:
-                msg = "control field 'domain' must not exceed 'bound'"
-                raise ControlError(msg, "bound")
-            if domain == bound:
-                domain = None
-        return Control(stream=name, phase=phase, epsilon=epsilon, bound=bound, sw_b=sw_b, lower=float(lower),
-                       mechanism=MECHANISMS[phase], domain=domain)
-    theta = _number(message, "theta")
-    if not math.isfinite(theta):
-        msg = "control field 'theta' must be finite"
-        raise ControlError(msg)
-    return Control(stream=name, phase=phase, epsilon=epsilon, theta=theta, lower=float(lower),
-                   mechanism=MECHANISMS[phase])
-
-
-def threshold_control(
-    stream: str, epsilon: float, bound: float, sw_b: float | None = None, domain: float | None = None
-) -> dict[str, Any]:
-    """The phase-1 control message (Square Wave on ``[0, bound]``, or on ``[0, domain]`` in the fine round;
-    ``sw_b`` from Eq. 16 unless given)."""
-    b = square_wave_parameters(epsilon, sw_b)[0]
-    dom = None if domain is None or domain >= bound else float(domain)
-    return Control(
-        stream=stream, phase=PHASE_THRESHOLD, epsilon=float(epsilon), bound=float(bound), sw_b=b, domain=dom
-    ).to_message()
-
-
-def categorical_control(stream: str, epsilon: float, mechanism: str, categories: int) -> dict[str, Any]:
-    """The control message of a local categorical stream (GRR or Hadamard Response over ``categories``)."""
-    return parse_control({"stream": stream, "phase": PHASE_CATEGORICAL, "epsilon": float(epsilon),
-                          "mechanism": mechanism, "categories": int(categories)}).to_message()
-
-
-def stream_control(stream: str, epsilon: float, theta: float) -> dict[str, Any]:
-    """The phase-2 control message (truncate to ``[0, theta]``, Hybrid mechanism at ``epsilon``)."""
-    return parse_control(
-        {"stream": stream, "phase": PHASE_STREAM, "epsilon": epsilon, "theta": theta, "mechanism": "hybrid"}
-    ).to_message()
 
 
 class Device:
     """One device's randomizer: its pinned limits, the latest accepted control message, a private keyed generator,
     its own privacy account and its report sequence numbers.
 
-    ``limits`` is a :class:`~stream.device_policy.DeviceLimits` or just the largest epsilon (both phases) this
+    ``limits`` is a :class:`~stream.device.policy.DeviceLimits` or just the largest epsilon (both phases) this
     device ever reports at. A control message outside the limits is refused (:class:`ControlError`) and the device
     then reports nothing until an acceptable one arrives. ``key`` exists for tests only; by default every device
     draws a fresh random key, which is what makes its reports impossible to reproduce (and devices' noise

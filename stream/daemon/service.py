@@ -24,19 +24,19 @@ from operators import ToPLConfig
 from operators.categorical.release import CategoricalRelease
 from operators.selection import prepare as prepare_selection
 from operators.topl_server import LocalServer
-from stream.config import STDIN_TEMPLATE, DaemonConfig, build_config, build_operator, load_config
-from stream.device import categorical_control, stream_control, threshold_control
-from stream.durability import Durability
-from stream.errors import ConfigFileError, PayloadError, StartupError, StreamCapError
-from stream.keys import KeyFileError, derive_stream_key, load_master_key, new_identity
-from stream.metrics import MESSAGE_RESULTS, Metrics
-from stream.payload import decode_line, decode_payload_columns, decode_reports
-from stream.preflight import DataDirLocked, lock_data_dir, preflight
-from stream.router import ReleaseBatch, Router, StreamRecord
-from stream.sinks import PublishQueue, StdoutSink, encode_releases, encode_status
-from stream.sources import OVERLONG_LINE, MqttLink, StdinSource, TopicRouter
-from stream.store import StoreError
-from stream.ticking import PeriodClock
+from stream.core.config import STDIN_TEMPLATE, DaemonConfig, build_config, build_operator, load_config
+from stream.core.control import categorical_control, stream_control, threshold_control
+from stream.core.errors import ConfigFileError, PayloadError, StartupError, StreamCapError
+from stream.core.keys import KeyFileError, derive_stream_key, load_master_key, new_identity
+from stream.core.metrics import MESSAGE_RESULTS, Metrics
+from stream.core.payload import decode_line, decode_payload_columns, decode_reports
+from stream.core.router import ReleaseBatch, Router, StreamRecord
+from stream.core.sinks import PublishQueue, StdoutSink, encode_releases, encode_status
+from stream.core.ticking import PeriodClock
+from stream.daemon.durability import Durability
+from stream.daemon.preflight import DataDirLocked, lock_data_dir, preflight
+from stream.daemon.sources import OVERLONG_LINE, MqttLink, StdinSource, TopicRouter
+from stream.state.store import StoreError
 
 __all__ = ["Daemon", "add_arguments", "main"]
 
@@ -96,11 +96,11 @@ class Daemon:
         self.stdin: StdinSource | None = None
         self.stdin_done = asyncio.Event()
         self._signals = 0
-        self.durable: Durability | None = None  # durable state ([state] data_dir), see stream/durability.py
-        # stream keys derive from this run's random identity, or from the state store's (stream/keys.py)
+        self.durable: Durability | None = None  # durable state ([state] data_dir), see stream/daemon/durability.py
+        # stream keys derive from this run's random identity, or from the state store's (stream/core/keys.py)
         self.identity = new_identity()
         self.identity_durable = False
-        self._lock: IO[bytes] | None = None  # the data directory's lock (stream/preflight.py)
+        self._lock: IO[bytes] | None = None  # the data directory's lock (stream/daemon/preflight.py)
 
     def set_identity(self, identity: str, *, durable: bool) -> None:
         """Use the state store's identity instead of the run's (called before any stream exists)."""

@@ -1,7 +1,7 @@
 """Inputs: the MQTT link (one connection for input and output, reconnecting) and stdin lines.
 
 The MQTT link runs one connection at a time: subscribe, receive in batches (whatever the client's queue holds),
-publish from the bounded :class:`~stream.sinks.PublishQueue` with a window of unconfirmed messages. When the
+publish from the bounded :class:`~stream.core.sinks.PublishQueue` with a window of unconfirmed messages. When the
 connection is lost, unconfirmed messages go back to the front of the queue, messages already received are
 still processed, and the link reconnects with capped exponential backoff and jitter, then subscribes again.
 """
@@ -24,10 +24,10 @@ import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from stream.errors import PayloadError
-from stream.metrics import Metrics
-from stream.payload import check_stream_name
-from stream.sinks import PublishQueue
+from stream.core.errors import PayloadError
+from stream.core.metrics import Metrics
+from stream.core.payload import check_stream_name
+from stream.core.sinks import PublishQueue
 
 
 def _light_message_info() -> None:

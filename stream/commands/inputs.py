@@ -14,7 +14,7 @@ is private data).
 >>> read_stream(p)
 Traceback (most recent call last):
 ...
-stream.inputs.InputError: x.csv line 2: not a finite number (NaN or infinite)
+stream.commands.inputs.InputError: x.csv line 2: not a finite number (NaN or infinite)
 >>> read_stream("dns")[:5].tolist()         # a shipped data set by name
 [2.0, 2.0, 2.0, 2.0, 2.0]
 """
@@ -151,12 +151,12 @@ def read_stream(path: str | Path, stream: str | None = None) -> np.ndarray:
     A CSV or JSONL file may hold several named streams (``stream,value`` lines, ``{"stream": ...}`` objects, as
     ``tops simulate --streams N`` writes): then ``stream`` selects one, and without it the file is refused.
 
-    A name of a shipped data set (``dns``, ``retail``, ``star``: :mod:`stream.datasets`) that is not an existing
-    file reads that data set.
+    A name of a shipped data set (``dns``, ``retail``, ``star``: :mod:`stream.commands.datasets`) that is not an
+    existing file reads that data set.
     """
     p = Path(path)
     if not p.is_file():
-        from stream.datasets import DATASETS, load
+        from stream.commands.datasets import DATASETS, load
 
         if str(path) in DATASETS:
             return load(str(path)).astype(np.float64)

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from operators.tops import ToPS
-from stream.router import ReleaseBatch, StreamRecord
+from stream.core.router import ReleaseBatch, StreamRecord
 
 __all__ = ["PublishQueue", "StdoutSink", "encode_releases", "encode_status"]
 
@@ -73,7 +73,7 @@ class PublishQueue:
 
     Nothing is ever dropped. ``limit`` messages are kept in memory; the daemon's intake waits (:meth:`wait_room`)
     while the queue holds ``limit`` or more. While the broker is unreachable (``connected`` False) and a
-    :class:`~stream.spill.Spill` is attached (durable state), what does not fit in memory goes to disk, in order,
+    :class:`~stream.state.spill.Spill` is attached (durable state), what does not fit in memory goes to disk, in order,
     and is read back as the queue drains; intake then waits only when the spill's disk budget is reached. The
     memory part may exceed ``limit`` by the releases of one processing step, and by period and status messages made
     while intake waits.
@@ -87,7 +87,7 @@ class PublishQueue:
         self.room = asyncio.Event()
         self.room.set()
         self.connected = False  # set by the MQTT link
-        self.spill: Any = None  # stream.spill.Spill, attached with durable state
+        self.spill: Any = None  # stream.state.spill.Spill, attached with durable state
 
     def __len__(self) -> int:
         return len(self.items) + (len(self.spill) if self.spill is not None else 0)
