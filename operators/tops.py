@@ -310,7 +310,8 @@ class ToPS:
 
     # -- checkpoints --------------------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        """A JSON-serialisable picture of the state (no key; the holdout histogram while in the holdout)."""
+        """A JSON-serialisable picture of the state (no key; the holdout histogram while in the holdout: a dense list,
+        or ``{"cells", "index", "count"}`` of its non-zero cells while it is sparse)."""
         snap: dict[str, Any] = {
             "version": _SNAPSHOT_VERSION,
             "config": self.config.to_dict(),
@@ -320,7 +321,13 @@ class ToPS:
             "smoother_layers": self.smoother_layers,
         }
         if self.theta_units is None:
-            snap["holdout_histogram"] = self._dense_hist().tolist()
+            hist = self._hist
+            if isinstance(hist, dict):  # the non-zero cells only (what a state store keeps anyway)
+                cells = sorted(hist)
+                snap["holdout_histogram"] = {"cells": len(self._candidates) + 1, "index": cells,
+                                             "count": [hist[c] for c in cells]}
+            else:
+                snap["holdout_histogram"] = hist.tolist()
             if self._blocks is not None:
                 self._flush()
                 snap["holdout_blocks"] = self._blocks.to_dict()
@@ -358,7 +365,16 @@ class ToPS:
         op.start_units = None
         if snapshot["theta_units"] is None:
             op._candidates = candidate_grid(config.span, config.resolution)
-            op._hist = np.array(snapshot["holdout_histogram"], dtype=np.int32)
+            saved = snapshot["holdout_histogram"]
+            if isinstance(saved, dict):  # the non-zero cells of a sparse holdout
+                try:
+                    dense = np.zeros(int(saved["cells"]), dtype=np.int32)
+                    dense[np.asarray(saved["index"], dtype=np.int64)] = np.asarray(saved["count"], dtype=np.int32)
+                except (KeyError, TypeError, ValueError, IndexError):
+                    msg = "corrupt ToPS snapshot (holdout histogram)"
+                    raise ValueError(msg) from None
+                saved = dense
+            op._hist = np.array(saved, dtype=np.int32)
             if op._hist.shape != (len(op._candidates) + 1,) or (op._hist < 0).any():
                 msg = "corrupt ToPS snapshot (holdout histogram)"
                 raise ValueError(msg)

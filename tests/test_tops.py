@@ -152,3 +152,21 @@ def test_utility_on_dns_at_eps_005() -> None:
         mse[name] = summarize(errs)[0]
     assert mse["tops"] * 100 < mse["zero"], mse
     assert mse["tops"] < mse["flat"], mse
+
+
+@pytest.mark.parametrize("distinct", [5, 3000])
+def test_holdout_histogram_sparse_or_dense_restores_exactly(distinct: int) -> None:
+    """A holdout over few values keeps a sparse histogram (and snapshots its non-zero cells), over many a dense one;
+    either way a restore in the middle of the holdout continues bit for bit, and the snapshot is JSON."""
+    import json
+
+    cfg = ToPSConfig(epsilon=1.0, bound=5000, holdout=400, query_range=1024, fanout=4)
+    values = np.random.default_rng(distinct).integers(0, distinct, 1500).astype(float)
+    whole = ToPS(cfg, bytes(32)).process(values)
+    op = ToPS(cfg, bytes(32))
+    first = [op.process_one(v) for v in values[:250]]
+    snap = json.loads(json.dumps(op.snapshot()))
+    assert isinstance(snap["holdout_histogram"], dict if distinct == 5 else list)
+    again = ToPS.restore(cfg, bytes(32), snap)
+    rest = again.process(values[250:])
+    assert np.array_equal(np.concatenate([first, rest]), whole, equal_nan=True)
