@@ -88,6 +88,7 @@ class Domain(enum.IntEnum):
     LOCAL = 3  # randomizers of the local-DP mode
     BASELINE = 4  # baselines and audits
     CATEGORICAL = 5  # categorical streams (operators/categorical): low 16 bits carry the purpose
+    RANGES = 6  # range counting and count-of-counts (operators/ranges, operators/countofcounts): low bits the level
 
 
 def new_key() -> bytes:
