@@ -242,6 +242,10 @@ class CategoricalRelease:
         """Whether ``value`` is an integer in ``[0, outputs)`` (a category, or a local report value)."""
         return value == value and 0 <= value < self._outputs and value == math.floor(value)
 
+    def category_of(self, value: float) -> int:
+        """The cell a valid value counts in: the value itself."""
+        return int(value)
+
     def accepts(self, phase: str, theta: float | None, y: float) -> str:
         """Local mode: ``ok`` for a report of this stream's mechanism in its output range, else why not."""
         if phase != "categorical":

@@ -1,4 +1,4 @@
-"""``tops replay-categorical``: a categorical stream from a file through the operator the daemon runs.
+"""``tops replay-categorical``: a categorical or range-counting stream from a file through the daemon's operator.
 
 Contract::
 
@@ -24,8 +24,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from operators import ConfigError
-from operators.categorical.release import CategoricalRelease
 from stream.commands.replay import key_from_args
+from stream.core.config import histogram_operator, load_config
 from stream.core.errors import ConfigFileError, PayloadError
 from stream.core.payload import decode_line, decode_reports
 from stream.core.router import ReleaseBatch
@@ -81,7 +81,7 @@ def _readings(lines: list[bytes], stream: str | None, local: bool) -> tuple[str 
     return name, out
 
 
-def replay_categorical(readings: list[tuple[float, float, int | None]], op: CategoricalRelease, clock: PeriodClock,
+def replay_categorical(readings: list[tuple[float, float, int | None]], op: Any, clock: PeriodClock,
                        first: float | None = None, last: float | None = None) -> tuple[list[int], list[float],
                                                                                        list[dict[str, Any]]]:
     """(ticks, ts, releases) of the periods ``first .. last`` (their end times) from ``readings``."""
@@ -96,7 +96,7 @@ def replay_categorical(readings: list[tuple[float, float, int | None]], op: Cate
             if last_seq is not None and seq <= last_seq:
                 continue
         k = clock.index(ts)
-        if k > k1 or not op.valid(value) or not bins.add(k, value):
+        if k > k1 or not op.valid(value) or k < bins.first or not bins.add(k, op.category_of(value)):
             continue
         if seq is not None:
             last_seq = seq
@@ -105,7 +105,6 @@ def replay_categorical(readings: list[tuple[float, float, int | None]], op: Cate
 
 
 def main(args: argparse.Namespace) -> int:
-    from stream.core.config import load_config
 
     try:
         cfg = load_config(args.config)
@@ -115,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     cat = cfg.category
     if cat is None:
-        print("tops replay-categorical: error: the configuration is not [streams] kind = \"categorical\"",
+        print("tops replay-categorical: error: the configuration is not [streams] kind = \"categorical\" or \"range\"",
               file=sys.stderr)
         return 2
     try:
@@ -129,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
     except (ConfigError, OSError, ValueError) as exc:
         print(f"tops replay-categorical: error: {exc}", file=sys.stderr)
         return 2
-    op = CategoricalRelease(cat, key)
+    op = histogram_operator(cat, key)
     clock = PeriodClock(cfg.ticks.period)
     ticks, ts, rel = replay_categorical(readings, op, clock, args.first, args.last)
     rec = SimpleNamespace(name_json=json.dumps(name or cfg.input.default_stream))

@@ -25,7 +25,7 @@ from typing import Any
 from operators import ConfigError, ToPS, ToPSConfig
 from stream.core.errors import ConfigFileError
 
-__all__ = ["SCHEMA", "DaemonConfig", "Field", "build_config", "load_config", "stream_params"]
+__all__ = ["SCHEMA", "DaemonConfig", "Field", "build_config", "histogram_operator", "load_config", "stream_params"]
 
 
 @dataclass(frozen=True)
@@ -147,8 +147,23 @@ SCHEMA: dict[str, dict[str, Field]] = {
                       "perturbed reports of devices (`tops device`) and raw readings never reach the daemon.",
                       choices=("central", "local")),
         "kind": Field("choice", "numeric", "`numeric`: a reading is a number (ToPS / ToPL); `categorical`: a "
-                      "reading is a category and each period releases a private histogram (`[categorical]`; needs "
-                      "`[ticks] mode = \"period\"`).", choices=("numeric", "categorical")),
+                      "reading is a category and each period releases a private histogram (`[categorical]`); "
+                      "`range`: readings are bucketed over a value domain and each period releases a private "
+                      "histogram that answers range counts (`[ranges]`). Both need `[ticks] mode = \"period\"`.",
+                      choices=("numeric", "categorical", "range")),
+    },
+    "ranges": {
+        "epsilon": Field("float", 0.0, "Privacy budget of each reading (one reading in one period). Required with "
+                         "`[streams] kind = \"range\"`.", low=0),
+        "lower": Field("float", 0.0, "Lower end of the value domain (smaller readings count in the first bucket)."),
+        "width": Field("float", 0.0, "Width of a bucket (a reading v counts in floor((v - lower) / width)). "
+                       "Required.", low=0),
+        "buckets": Field("int", 0, "Number of buckets d (larger readings count in the last). Required.", low=0,
+                         high=1 << 16),
+        "mechanism": Field("choice", "auto", "`flat` (discrete Laplace per bucket), `tree` (consistent b-ary tree) "
+                           "or `auto` (the tree when its mean range variance is lower).",
+                           choices=("auto", "flat", "tree")),
+        "fanout": Field("int", 4, "b of the tree.", low=2, high=64),
     },
     "categorical": {
         "epsilon": Field("float", 0.0, "Privacy budget of each report (one category of one device in one period). "
@@ -267,13 +282,14 @@ class DaemonConfig:
     streams: Section
     local: Section
     categorical: Section
+    ranges: Section
     metrics: Section
     log: Section
     state: Section
     template: ToPSConfig
     source_path: str | None = None
     notes: list[str] = field(default_factory=list)
-    category: Any = None  # operators.categorical.release.CategoricalConfig with [streams] kind = "categorical"
+    category: Any = None  # CategoricalConfig (kind "categorical") or RangeConfig (kind "range") of operators
 
     @property
     def uses_mqtt(self) -> bool:
@@ -487,6 +503,10 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
     if sections["streams"]["kind"] == "categorical":
         category, cat_problems = _categorical(sections, template_doc)
         problems += cat_problems
+    elif sections["streams"]["kind"] == "range":
+        category, cat_problems = _ranges(sections, template_doc)
+        problems += cat_problems
+    if sections["streams"]["kind"] != "numeric":
         # the numeric template does not apply; its epsilon is the releases' epsilon
         template_doc = {"epsilon": 1.0 if category is None else category.epsilon, "bound": 1.0, "theta": 1.0}
     # Stream template -> ToPSConfig (every problem, one line each).
@@ -594,11 +614,52 @@ def _categorical(sections: dict[str, dict[str, Any]], template_doc: dict[str, An
     return cfg, problems
 
 
+def _ranges(sections: dict[str, dict[str, Any]], template_doc: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The range-counting stream's parameters from ``[ranges]``, and every problem, one line each."""
+    from operators.ranges.release import RangeConfig
+
+    rg, problems = sections["ranges"], []
+    if sections["ticks"]["mode"] != "period":
+        problems.append('[streams] kind = "range" releases one histogram per period: set [ticks] mode = "period"')
+    if template_doc:
+        problems.append("[streams.template] is for numeric streams; a range stream takes [ranges]")
+    if sections["streams"]["mode"] != "central":
+        problems.append('[streams] kind = "range" is central only (the server buckets the readings)')
+    if sections["streams"]["method"] != "tops":
+        problems.append('[streams] method is for numeric streams (kind = "range" uses [ranges] mechanism)')
+    if not rg["epsilon"] > 0:
+        problems.append('[ranges] epsilon required (a positive number) with kind = "range"')
+    if not rg["width"] > 0:
+        problems.append("[ranges] width required (a positive number: the width of a bucket)")
+    if rg["buckets"] < 1:
+        problems.append("[ranges] buckets required (an integer >= 1)")
+    if problems:
+        return None, problems
+    args = (float(rg["epsilon"]), float(rg["width"]), int(rg["buckets"]), float(rg["lower"]))
+    try:
+        if rg["mechanism"] == "auto":
+            return RangeConfig.auto(*args, fanout=rg["fanout"]), []
+        return RangeConfig(*args, mechanism=rg["mechanism"], fanout=rg["fanout"]), []
+    except ConfigError as exc:
+        return None, [f"[ranges] {exc}"]
+
+
+def histogram_operator(config: Any, key: bytes | None) -> Any:
+    """The operator of a categorical or range-counting stream (``DaemonConfig.category``)."""
+    from operators.categorical.release import CategoricalRelease
+    from operators.ranges.release import RangeConfig, RangeRelease
+
+    if isinstance(config, RangeConfig):
+        assert key is not None
+        return RangeRelease(config, key)
+    return CategoricalRelease(config, key)
+
+
 def stream_params(cfg: DaemonConfig) -> dict[str, Any]:
     """The public parameters of every stream, as the state store's ledger keeps them (privacy keys compared)."""
     mode = getattr(cfg.streams, "mode", "central")
     if getattr(cfg, "category", None) is not None:
-        return {"mode": mode, "kind": "categorical", **cfg.category.to_dict()}
+        return {"mode": mode, "kind": cfg.streams.kind, **cfg.category.to_dict()}
     return {"mode": mode, "method": getattr(cfg.streams, "method", "tops"), **cfg.template.to_dict()}
 
 

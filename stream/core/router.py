@@ -60,8 +60,11 @@ class StreamRecord:
         op = self.operator
         if getattr(op, "takes_categories", False):
             cfg = op.config
-            st = {"stream": self.name, "phase": "releasing", "kind": "categorical", "mechanism": cfg.mechanism,
-                  "categories": cfg.categories, "epsilon": cfg.epsilon}
+            st = {"stream": self.name, "phase": "releasing", "mechanism": cfg.mechanism, "epsilon": cfg.epsilon}
+            if hasattr(cfg, "categories"):
+                st.update(kind="categorical", categories=cfg.categories)
+            else:
+                st.update(kind="range", lower=cfg.lower, width=cfg.width, buckets=cfg.buckets)
         elif op.phase == "holdout":
             st = {"stream": self.name, "phase": "holdout", "holdout_left": int(op.holdout_left)}
         else:
@@ -150,6 +153,7 @@ class Router:
                 if not rec.operator.valid(value):  # not a category (or report value) of this stream
                     self.counts["invalid"] += 1
                     return "invalid"
+                value = rec.operator.category_of(value)  # a category, or a range stream's bucket
             elif self.count_events:
                 value = 1.0
             if not bins.add(k, value):

@@ -24,7 +24,14 @@ from operators import ToPLConfig
 from operators.categorical.release import CategoricalRelease
 from operators.selection import prepare as prepare_selection
 from operators.topl_server import LocalServer
-from stream.core.config import STDIN_TEMPLATE, DaemonConfig, build_config, build_operator, load_config
+from stream.core.config import (
+    STDIN_TEMPLATE,
+    DaemonConfig,
+    build_config,
+    build_operator,
+    histogram_operator,
+    load_config,
+)
 from stream.core.control import categorical_control, stream_control, threshold_control
 from stream.core.errors import ConfigFileError, PayloadError, StartupError, StreamCapError
 from stream.core.keys import KeyFileError, derive_stream_key, load_master_key, new_identity
@@ -146,7 +153,7 @@ class Daemon:
             if category is None and method == "tops" and template.selection == "calibrated" \
                     and template.theta is None:
                 prepare_selection(template.fanout, template.query_range)  # a constant per hierarchy, now
-            if category is not None and category.counter is not None:
+            if getattr(category, "counter", None) is not None:
                 prepare_selection(category.counter.fanout, category.counter.query_range)
             self.operator_factory = lambda name: self.keyed_operator(
                 derive_stream_key(master, name, identity=self.identity))
@@ -209,7 +216,7 @@ class Daemon:
     def keyed_operator(self, key: bytes) -> Any:
         """The operator of a central stream with its key: the categorical release, ToPS or a baseline."""
         if self.cfg.category is not None:
-            return CategoricalRelease(self.cfg.category, key)
+            return histogram_operator(self.cfg.category, key)
         return build_operator(self.cfg.template, self.cfg.streams.method, key)
 
     def announce_identity(self) -> None:

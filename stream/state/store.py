@@ -60,6 +60,8 @@ PRIVACY_KEYS = (
     "mechanism",
     "neighbours",
     "delta",
+    "width",  # range-counting streams
+    "buckets",
 )
 
 _SCHEMA = """
