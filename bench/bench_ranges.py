@@ -3,7 +3,8 @@
     python bench/bench_ranges.py [--releases 20000]
 
 1. Each central mechanism's empirical variance over ``--releases`` keyed releases against its closed form
-   (:func:`operators.ranges.central.range_variance`), for three ranges of a 256-bucket domain at eps = 1.
+   (:func:`operators.ranges.central.range_variance`), for three ranges of a 256-bucket domain at eps = 1; the same
+   for the local flat and hierarchical histograms (half as many runs, 16 buckets, eps = 1 and 3).
 2. Mean variance by range length (d = 2,048, eps = 1, b = 4): flat, the tree without consistency (seed 000's
    structure with the noise eps needs), the consistent tree, and what ``mechanism = "auto"`` picks.
 3. Count-of-counts on a synthetic hierarchy (1 root, 5 states, 50 counties, 500 households each, Zipf sizes capped
@@ -46,6 +47,26 @@ def main() -> int:
                 errs[k] = got - counts[lo : hi + 1].sum()
             ratios.append(f"[{lo},{hi}] {errs.var() / range_variance(mech, lo, hi):.3f}")
         print(f"   {name:22s} " + "  ".join(ratios))
+    from operators.ranges.local import LocalTree, flat_estimate, flat_perturb, flat_range_variance
+
+    lcounts = np.random.default_rng(1).integers(0, 80, 16)
+    values = np.repeat(np.arange(16), lcounts)
+    runs = max(1, args.releases // 2)
+    print(f"   local, 16 buckets, {values.size} devices, {runs:,} keyed runs: empirical / closed-form variance")
+    for eps in (1.0, 3.0):
+        tree = LocalTree(16, 4, eps)
+        row = {"flat": [], "tree": []}
+        for lo, hi in [(3, 9), (5, 5), (4, 11)]:
+            flat, hier = np.empty(runs), np.empty(runs)
+            for k in range(runs):
+                gen = KeyedGenerator(k.to_bytes(4, "little") * 8)
+                flat[k] = flat_estimate(flat_perturb(values, 16, eps, gen), values.size, 16, eps)[lo : hi + 1].sum()
+                levels, reports = tree.perturb(values, gen)
+                hier[k] = tree.answer(tree.estimate(levels, reports), lo, hi)
+            row["flat"].append(f"[{lo},{hi}] {flat.var() / flat_range_variance(lcounts, lo, hi, eps):.3f}")
+            row["tree"].append(f"[{lo},{hi}] {hier.var() / tree.range_variance(lcounts, lo, hi):.3f}")
+        print(f"   eps {eps:g}, local flat ({tree.oracles[0]} over 16): " + "  ".join(row["flat"]))
+        print(f"   eps {eps:g}, local tree ({'/'.join(tree.oracles)}): " + "  ".join(row["tree"]))
     d = 2048
     auto = RangeConfig.auto(1.0, 1.0, d).mechanism
     print(f"2. mean variance by range length, d = {d}, eps = 1, b = 4 (auto: {auto})")
