@@ -37,12 +37,23 @@ from typing import Any
 
 import numpy as np
 
-from operators.categorical.grr import grr_parameters, grr_perturb
+from operators.categorical.grr import grr_estimate, grr_parameters, grr_perturb
+from operators.categorical.hadamard import hr_estimate
+from operators.categorical.release import choose_local_mechanism, local_perturb, report_outputs
 from operators.categorical.unary import unary_parameters, unary_perturb_many
 from operators.noise import Domain, KeyedGenerator
 from operators.ranges.decomposition import decompose, tree_height
 
-__all__ = ["LocalTree", "best_oracle", "flat_estimate", "flat_perturb", "flat_range_variance", "prefer_local_tree"]
+__all__ = [
+    "LocalTree",
+    "ReportLayout",
+    "answer_from_levels",
+    "best_oracle",
+    "flat_estimate",
+    "flat_perturb",
+    "flat_range_variance",
+    "prefer_local_tree",
+]
 
 _LEVEL = 0x4000  # noise purposes (Domain.RANGES): the level choice, and each level's reports
 _REPORT = 0x4100
@@ -144,13 +155,7 @@ class LocalTree:
 
     def answer(self, est: list[np.ndarray], lo: int, hi: int) -> float:
         """The range from its decomposition (the root, if the range is everything, from the level below)."""
-        total = 0.0
-        for j, i in decompose(lo, hi, fanout=self.fanout):
-            if j >= self.height:  # the root: the sum of its children
-                total += float(est[self.height - 1].sum())
-            else:
-                total += float(est[j][i])
-        return total
+        return answer_from_levels(est, self.fanout, lo, hi)
 
     def range_variance(self, counts: Any, lo: int, hi: int) -> float:
         """The exact variance of :meth:`answer` given the true bucket counts (module docstring)."""
@@ -188,3 +193,85 @@ def prefer_local_tree(d: int, fanout: int, epsilon: float, devices: int, lengths
             flat_total += flat_range_variance(counts, lo, lo + r - 1, epsilon)
             tree_total += tree.range_variance(counts, lo, lo + r - 1)
     return tree_total < flat_total
+
+
+def answer_from_levels(levels: list[Any], fanout: int, lo: int, hi: int) -> float:
+    """A range ``[lo, hi]`` of buckets from per-level node estimates (leaves first, the root not included): the sum
+    over its decomposition (at most ``2 (b - 1)`` nodes per level); the root, when the range is everything, is the
+    sum of the level below it. With one level (the flat histogram) it is the sum of the range's buckets."""
+    if len(levels) == 1:
+        return float(np.sum(np.asarray(levels[0], dtype=np.float64)[lo : hi + 1]))
+    height, total = len(levels), 0.0
+    for j, i in decompose(lo, hi, fanout=fanout):
+        total += float(np.sum(levels[height - 1])) if j >= height else float(levels[j][i])
+    return total
+
+
+class ReportLayout:
+    """The one-number reports of a local range stream in the daemon (a device's report is one integer).
+
+    Flat (``tree=False``): one level of ``d`` buckets. Tree: the ``h`` levels below the root of the b-ary tree, leaves
+    first (``sizes[j] = b^(h - j)`` nodes). Every device picks its level uniformly from its own first uniform
+    (independent of its value), reports its node there through that level's one-number oracle (GRR or Hadamard
+    Response, :func:`operators.categorical.release.choose_local_mechanism`; OUE's bit vector does not fit the
+    daemon's one-number journal) at the full eps, and sends ``offsets[j] + report``. The server splits the period's
+    tally by level and estimates each level ``h`` times the oracle's unbiased counts (Horvitz-Thompson, as
+    :class:`LocalTree`).
+
+    >>> lay = ReportLayout(16, 4, 1.0, tree=True)
+    >>> lay.sizes, lay.oracles, lay.offsets, lay.total
+    ([16, 4], ['hr', 'grr'], [0, 32], 36)
+    >>> ReportLayout(8, 4, 1.0, tree=False).sizes
+    [8]
+    """
+
+    uniforms_per_report = 3  # the level, then the oracle's two
+
+    def __init__(self, d: int, fanout: int, epsilon: float, *, tree: bool) -> None:
+        if d < 2 or fanout < 2 or not 0 < epsilon <= 30:
+            msg = "a local range stream needs buckets >= 2, fanout >= 2 and epsilon in (0, 30]"
+            raise ValueError(msg)
+        self.d, self.fanout, self.epsilon, self.tree = d, fanout, float(epsilon), tree
+        self.height = tree_height(d, fanout) if tree else 1
+        self.sizes = [fanout ** (self.height - j) for j in range(self.height)] if tree else [d]
+        self.oracles = [choose_local_mechanism(self.epsilon, s) for s in self.sizes]
+        self.outputs = [report_outputs(o, self.epsilon, s) for o, s in zip(self.oracles, self.sizes, strict=True)]
+        self.offsets = [int(x) for x in np.concatenate([[0], np.cumsum(self.outputs)[:-1]])]
+        self.total = int(sum(self.outputs))
+
+    def report(self, buckets: Any, u: Any) -> np.ndarray:
+        """The device side: the reports of ``buckets`` (integers in ``[0, d)``) from 3 uniforms each."""
+        v = np.asarray(buckets, dtype=np.int64).reshape(-1)
+        u = np.asarray(u, dtype=np.float64).reshape(-1)
+        if u.size < 3 * v.size:
+            msg = "three uniforms per report"
+            raise ValueError(msg)
+        levels = np.minimum((u[: v.size] * self.height).astype(np.int64), self.height - 1)
+        out = np.empty(v.size, dtype=np.int64)
+        rest = u[v.size : 3 * v.size]
+        for j, size in enumerate(self.sizes):
+            sel = np.flatnonzero(levels == j)
+            if sel.size:
+                node = v[sel] // self.fanout**j
+                uu = np.stack([rest[2 * sel], rest[2 * sel + 1]], axis=1).reshape(-1)
+                out[sel] = self.offsets[j] + local_perturb(self.oracles[j], node, size, self.epsilon, uu)
+        return out
+
+    def estimate(self, tally: dict[int, int]) -> tuple[list[np.ndarray], int]:
+        """(per-level node estimates, leaves first; the number of reports) of one period's tally of report values."""
+        cells = np.fromiter((int(k) for k in tally), dtype=np.int64, count=len(tally))
+        counts = np.fromiter((int(c) for c in tally.values()), dtype=np.int64, count=len(tally))
+        out = []
+        for j, size in enumerate(self.sizes):
+            lo, width = self.offsets[j], self.outputs[j]
+            sel = (cells >= lo) & (cells < lo + width)
+            rel, cnt = cells[sel] - lo, counts[sel]
+            n = int(cnt.sum())
+            if self.oracles[j] == "grr":
+                support = np.zeros(size, dtype=np.int64)
+                np.add.at(support, rel, cnt)
+                est = grr_estimate(support, n, size, self.epsilon)
+            else:
+                est = hr_estimate(np.repeat(rel, cnt), size, self.epsilon)
+            out.append(self.height * np.asarray(est, dtype=np.float64))
+        return out, int(counts.sum())

@@ -9,7 +9,13 @@ buckets, which for the consistent tree equals the sum over the range's decomposi
 takes the tree when its mean variance over ranges of 1, d/8, d/4, d/2 and d buckets is below flat's
 (:func:`operators.ranges.central.prefer_tree`).
 
-Privacy: one reading per period is the unit; neighbouring periods add or remove one reading, each period's release is
+Local mode (``local=True``, seed 000 sections 8.2-8.3): the devices bucket their own readings and send one-number
+reports (:class:`operators.ranges.local.ReportLayout`: flat, or one uniformly chosen level of the tree, through GRR or
+Hadamard Response); the server tallies the report values per period and releases per-level unbiased estimates
+(``counts`` for flat, ``levels`` for the tree; a range is answered from its decomposition). Every report is
+eps-LDP on the device; the server holds no key.
+
+Privacy (central): one reading per period is the unit; neighbouring periods add or remove one reading, each period's release is
 eps-DP, periods are disjoint (parallel composition), so every reading is eps-DP.
 
 >>> cfg = RangeConfig(epsilon=1.0, lower=0.0, width=0.5, buckets=16, mechanism="tree", fanout=4)
@@ -32,6 +38,7 @@ import numpy as np
 from operators.config import ConfigError
 from operators.noise import KeyedGenerator
 from operators.ranges.central import FlatHistogram, RangeTree, prefer_tree
+from operators.ranges.local import ReportLayout, prefer_local_tree
 
 __all__ = ["RANGE_MECHANISMS", "RangeConfig", "RangeRelease"]
 
@@ -50,8 +57,7 @@ class RangeConfig:
     lower: float = 0.0
     mechanism: str = "tree"
     fanout: int = 4
-
-    local = False  # central only: the server buckets the raw readings
+    local: bool = False  # local mode: devices bucket and randomize, the server tallies one-number reports
 
     def __post_init__(self) -> None:
         for name in ("epsilon", "width"):
@@ -76,16 +82,28 @@ class RangeConfig:
         if isinstance(f, bool) or not isinstance(f, int) or not 2 <= f <= 64:
             msg = f"fanout must be an integer in [2, 64] (got {f!r})"
             raise ConfigError(msg)
+        if self.local and b < 2:
+            msg = f"buckets must be at least 2 in local mode (got {b!r})"
+            raise ConfigError(msg)
 
     @classmethod
-    def auto(cls, epsilon: float, width: float, buckets: int, lower: float = 0.0, fanout: int = 4) -> RangeConfig:
-        """The mechanism the rule picks for ranges of 1, d/8, d/4, d/2 and d buckets."""
+    def auto(cls, epsilon: float, width: float, buckets: int, lower: float = 0.0, fanout: int = 4,
+             local: bool = False) -> RangeConfig:
+        """The mechanism the rule picks for ranges of 1, d/8, d/4, d/2 and d buckets (local: on uniform data of
+        10,000 devices; both variances grow in proportion to the devices, so the choice hardly depends on it)."""
         lengths = sorted({1, max(1, buckets // 8), max(1, buckets // 4), max(1, buckets // 2), buckets})
-        tree = buckets > 1 and prefer_tree(buckets, fanout, float(epsilon), lengths)
-        return cls(epsilon, width, buckets, lower, "tree" if tree else "flat", fanout)
+        if local:
+            tree = buckets > 2 and prefer_local_tree(buckets, fanout, float(epsilon), 10_000, lengths)
+        else:
+            tree = buckets > 1 and prefer_tree(buckets, fanout, float(epsilon), lengths)
+        return cls(epsilon, width, buckets, lower, "tree" if tree else "flat", fanout, local)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def layout(self) -> ReportLayout:
+        """Local mode: the devices' one-number reports (levels, oracles, offsets)."""
+        return ReportLayout(self.buckets, self.fanout, float(self.epsilon), tree=self.mechanism == "tree")
 
     def mechanism_object(self) -> FlatHistogram | RangeTree:
         if self.mechanism == "flat":
@@ -103,10 +121,14 @@ class RangeRelease:
     holdout_left = 0
     theta = None
 
-    def __init__(self, config: RangeConfig, key: bytes) -> None:
+    def __init__(self, config: RangeConfig, key: bytes | None = None) -> None:
+        if not config.local and key is None:
+            msg = "a central range stream needs its noise key"
+            raise ValueError(msg)
         self.config = config
-        self._gen = KeyedGenerator(key)
-        self._mech = config.mechanism_object()
+        self._gen = None if key is None else KeyedGenerator(key)
+        self._mech = None if config.local else config.mechanism_object()
+        self._layout = config.layout() if config.local else None
         self.ticks = 0
         self.clamped = 0
 
@@ -114,11 +136,23 @@ class RangeRelease:
         return f"RangeRelease({self.config.mechanism}, buckets={self.config.buckets}, ticks={self.ticks})"
 
     def valid(self, value: float) -> bool:
-        """Any finite number is a reading (outside the domain it is clamped to the first or last bucket)."""
+        """Central: any finite number is a reading (outside the domain it is clamped to the first or last bucket).
+        Local: a report is an integer in ``[0, layout.total)``."""
+        if self._layout is not None:
+            return value == value and 0 <= value < self._layout.total and value == math.floor(value)
         return math.isfinite(value)
 
+    def accepts(self, phase: str, theta: float | None, y: float) -> str:
+        """Local mode: ``ok`` for a report of this stream's phase in its output range, else why not."""
+        if phase != "range":
+            return "stale"
+        return "ok" if self.valid(y) else "out-of-range"
+
     def category_of(self, value: float) -> int:
-        """The bucket of a reading (clamped to the domain, counted in :attr:`clamped`)."""
+        """Central: the bucket of a reading (clamped to the domain, counted in :attr:`clamped`). Local: the report
+        value itself."""
+        if self._layout is not None:
+            return int(value)
         cfg = self.config
         k = math.floor((value - cfg.lower) / cfg.width)
         if k < 0 or k >= cfg.buckets:
@@ -128,6 +162,17 @@ class RangeRelease:
 
     def release_one(self, tally: dict[int, int]) -> dict[str, Any]:
         cfg = self.config
+        if self._layout is not None:
+            levels, n = self._layout.estimate(tally)
+            self.ticks += 1
+            out: dict[str, Any] = {"mechanism": cfg.mechanism, "lower": cfg.lower, "width": cfg.width,
+                                   "oracles": list(self._layout.oracles), "reports": n}
+            if cfg.mechanism == "flat":
+                out["counts"] = [float(v) for v in levels[0]]
+            else:  # a range is answered from its decomposition (operators.ranges.local.answer_from_levels)
+                out["levels"] = [[float(v) for v in lv] for lv in levels]
+            return out
+        assert self._gen is not None and self._mech is not None
         counts = np.zeros(cfg.buckets, dtype=np.int64)
         for k, n in tally.items():
             counts[int(k)] += int(n)

@@ -6,12 +6,12 @@ Contract::
         [--key HEX | --key-file FILE --identity ID [--generation G]] [--first TS] [--last TS] [--out FILE|-]
 
 INPUT holds the readings as the daemon takes them on stdin (one JSON object a line, ``{"stream", "value", "ts",
-"seq"}``; ``ts`` required), or, for a local stream, the devices' reports (``{"report", "phase": "categorical", "ts",
-"seq"}``). The configuration's ``[ticks] period`` cuts them into periods exactly as the daemon's event clock does;
-every period from ``--first`` (the ``ts`` of the daemon's tick 0, default the period of the first reading) to
-``--last`` (default the last reading's) is released, empty ones included, with the same encoder: with the stream's
-key (central) the lines equal the daemon's releases byte for byte. A repeated or older ``seq`` is skipped, as the
-daemon skips it.
+"seq"}``; ``ts`` required), or, for a local stream, the devices' reports (``{"report", "phase", "ts", "seq"}``, phase
+``categorical`` or ``range``). The configuration's ``[ticks] period`` cuts them into periods exactly as the daemon's
+event clock does; every period from ``--first`` (the ``ts`` of the daemon's tick 0, default the period of the first
+reading) to ``--last`` (default the last reading's) is released, empty ones included, with the same encoder: with the
+stream's key (central) the lines equal the daemon's releases byte for byte. A repeated or older ``seq`` is skipped, as
+the daemon skips it.
 """
 
 from __future__ import annotations
@@ -51,9 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="-", help="JSONL output (default stdout)")
 
 
-def _readings(lines: list[bytes], stream: str | None, local: bool) -> tuple[str | None, list[tuple[float, float,
-                                                                                                     int | None]]]:
-    """(stream name, [(value, ts, seq)]) of the lines that belong to ``stream``."""
+def _readings(lines: list[bytes], stream: str | None, local: str | None) -> tuple[str | None,
+                                                                                 list[tuple[float, float, int | None]]]:
+    """(stream name, [(value, ts, seq)]) of the lines that belong to ``stream``; ``local``: the phase of the
+    reports kept (``categorical`` or ``range``), None for central readings."""
     out: list[tuple[float, float, int | None]] = []
     name = stream
     for raw in lines:
@@ -62,7 +63,7 @@ def _readings(lines: list[bytes], stream: str | None, local: bool) -> tuple[str 
         try:
             if local:
                 reports, _ = decode_reports(raw)
-                items = [(None, y, ts, seq) for y, ts, seq, phase, _ in reports if phase == "categorical"]
+                items = [(None, y, ts, seq) for y, ts, seq, phase, _ in reports if phase == local]
             else:
                 readings, _ = decode_line(raw)
                 items = list(readings)
@@ -124,7 +125,8 @@ def main(args: argparse.Namespace) -> int:
             key, where = key_from_args(args)
         with open(args.input, "rb") as f:
             lines = f.read().splitlines()
-        name, readings = _readings(lines, args.stream, cat.local)
+        phase = ("range" if hasattr(cat, "buckets") else "categorical") if cat.local else None
+        name, readings = _readings(lines, args.stream, phase)
     except (ConfigError, OSError, ValueError) as exc:
         print(f"tops replay-categorical: error: {exc}", file=sys.stderr)
         return 2

@@ -160,8 +160,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                        "Required.", low=0),
         "buckets": Field("int", 0, "Number of buckets d (larger readings count in the last). Required.", low=0,
                          high=1 << 16),
-        "mechanism": Field("choice", "auto", "`flat` (discrete Laplace per bucket), `tree` (consistent b-ary tree) "
-                           "or `auto` (the tree when its mean range variance is lower).",
+        "mechanism": Field("choice", "auto", "`flat` (discrete Laplace per bucket; local: one frequency oracle "
+                           "over the buckets), `tree` (consistent b-ary tree; local: every device reports one "
+                           "random level) or `auto` (the tree when its mean range variance is lower).",
                            choices=("auto", "flat", "tree")),
         "fanout": Field("int", 4, "b of the tree.", low=2, high=64),
     },
@@ -623,8 +624,9 @@ def _ranges(sections: dict[str, dict[str, Any]], template_doc: dict[str, Any]) -
         problems.append('[streams] kind = "range" releases one histogram per period: set [ticks] mode = "period"')
     if template_doc:
         problems.append("[streams.template] is for numeric streams; a range stream takes [ranges]")
-    if sections["streams"]["mode"] != "central":
-        problems.append('[streams] kind = "range" is central only (the server buckets the readings)')
+    local = sections["streams"]["mode"] == "local"
+    if local and rg["buckets"] == 1:
+        problems.append("[ranges] buckets must be at least 2 in local mode")
     if sections["streams"]["method"] != "tops":
         problems.append('[streams] method is for numeric streams (kind = "range" uses [ranges] mechanism)')
     if not rg["epsilon"] > 0:
@@ -638,8 +640,8 @@ def _ranges(sections: dict[str, dict[str, Any]], template_doc: dict[str, Any]) -
     args = (float(rg["epsilon"]), float(rg["width"]), int(rg["buckets"]), float(rg["lower"]))
     try:
         if rg["mechanism"] == "auto":
-            return RangeConfig.auto(*args, fanout=rg["fanout"]), []
-        return RangeConfig(*args, mechanism=rg["mechanism"], fanout=rg["fanout"]), []
+            return RangeConfig.auto(*args, fanout=rg["fanout"], local=local), []
+        return RangeConfig(*args, mechanism=rg["mechanism"], fanout=rg["fanout"], local=local), []
     except ConfigError as exc:
         return None, [f"[ranges] {exc}"]
 
@@ -650,7 +652,6 @@ def histogram_operator(config: Any, key: bytes | None) -> Any:
     from operators.ranges.release import RangeConfig, RangeRelease
 
     if isinstance(config, RangeConfig):
-        assert key is not None
         return RangeRelease(config, key)
     return CategoricalRelease(config, key)
 

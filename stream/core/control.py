@@ -5,6 +5,8 @@ The control message of stream ``s`` is a retained JSON object on ``tops/control/
     {"stream": s, "phase": "threshold", "epsilon": e1, "bound": B, "mechanism": "square_wave", "sw_b": b}
     {"stream": s, "phase": "stream", "epsilon": e2, "theta": t, "mechanism": "hybrid"}
     {"stream": s, "phase": "categorical", "epsilon": e, "mechanism": "grr" | "hr", "categories": d}
+    {"stream": s, "phase": "range", "epsilon": e, "mechanism": "flat" | "tree", "lower": l, "width": w,
+     "buckets": d, "fanout": b}
 
 The daemon (:mod:`stream.daemon.service`) publishes them; a device (:mod:`stream.device.client`) parses them here and
 then checks them against its own pinned limits. Parsing refuses whatever no honest daemon sends (NaN, ``1e400``, a
@@ -14,6 +16,8 @@ domain above the bound, an unknown phase or mechanism) with :class:`ControlError
 'threshold'
 >>> categorical_control("r", 1.0, "grr", 6)["categories"]
 6
+>>> parse_control(range_control("kwh", 1.0, "tree", 0.0, 0.5, 16, 4)).layout().total
+36
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any
 from operators.categorical.release import LOCAL_MECHANISMS, MAX_DENSE_CELLS, report_outputs
 from operators.local.hybrid import hybrid_scale
 from operators.local.square_wave import square_wave_parameters
+from operators.ranges.local import ReportLayout
+from operators.ranges.release import MAX_BUCKETS, RANGE_MECHANISMS
 
 __all__ = [
     "CATEGORICAL_MECHANISMS",
@@ -35,12 +41,14 @@ __all__ = [
     "MAX_CATEGORIES",
     "MECHANISMS",
     "PHASE_CATEGORICAL",
+    "PHASE_RANGE",
     "PHASE_STREAM",
     "PHASE_THRESHOLD",
     "Control",
     "ControlError",
     "categorical_control",
     "parse_control",
+    "range_control",
     "stream_control",
     "threshold_control",
 ]
@@ -50,6 +58,7 @@ DEFAULT_REPORT_TOPIC = "meters/{stream}/report"
 PHASE_THRESHOLD = "threshold"
 PHASE_STREAM = "stream"
 PHASE_CATEGORICAL = "categorical"  # a categorical stream (operators/categorical/release.py): one phase, no holdout
+PHASE_RANGE = "range"  # a local range-counting stream (operators/ranges/release.py): one phase, no holdout
 MECHANISMS = {PHASE_THRESHOLD: "square_wave", PHASE_STREAM: "hybrid"}
 CATEGORICAL_MECHANISMS = LOCAL_MECHANISMS
 MAX_CATEGORIES = MAX_DENSE_CELLS
@@ -82,6 +91,22 @@ class Control:
     mechanism: str = ""
     domain: float | None = None  # threshold phase: Square Wave over [0, domain] (the fine round), else [0, bound]
     categories: int | None = None  # phase categorical: d, categories are 0 .. d - 1
+    width: float | None = None  # phase range: bucket width; buckets and fanout of the tree, mechanism flat or tree
+    buckets: int | None = None
+    fanout: int | None = None
+
+    def layout(self) -> ReportLayout:
+        """Phase range: the one-number report layout (the same the server estimates with)."""
+        assert self.buckets is not None and self.fanout is not None
+        return ReportLayout(self.buckets, self.fanout, self.epsilon, tree=self.mechanism == "tree")
+
+    def bucket_of(self, values: Any) -> Any:
+        """Phase range: the buckets of readings, clamped to ``0 .. buckets - 1`` (as the central stream does)."""
+        import numpy as np
+
+        assert self.width is not None and self.buckets is not None
+        k = np.floor((np.asarray(values, dtype=np.float64) - self.lower) / self.width)
+        return np.clip(k, 0, self.buckets - 1).astype(np.int64)
 
     @property
     def sw_domain(self) -> float:
@@ -93,6 +118,8 @@ class Control:
         if self.phase == PHASE_CATEGORICAL:
             assert self.categories is not None
             return 0.0, float(report_outputs(self.mechanism, self.epsilon, self.categories) - 1)
+        if self.phase == PHASE_RANGE:
+            return 0.0, float(self.layout().total - 1)
         if self.phase == PHASE_THRESHOLD:
             assert self.bound is not None and self.sw_b is not None
             return -self.sw_b * self.sw_domain, (1.0 + self.sw_b) * self.sw_domain
@@ -105,6 +132,9 @@ class Control:
         msg: dict[str, Any] = {"stream": self.stream, "phase": self.phase, "epsilon": self.epsilon}
         if self.phase == PHASE_CATEGORICAL:
             msg.update(mechanism=self.mechanism, categories=self.categories)
+        elif self.phase == PHASE_RANGE:
+            msg.update(mechanism=self.mechanism, lower=self.lower, width=self.width, buckets=self.buckets,
+                       fanout=self.fanout)
         elif self.phase == PHASE_THRESHOLD:
             msg.update(bound=self.bound, mechanism=MECHANISMS[PHASE_THRESHOLD], sw_b=self.sw_b)
             if self.domain is not None:
@@ -162,8 +192,11 @@ def parse_control(message: Any, stream: str | None = None) -> Control:
             raise ControlError(msg, "categories")
         epsilon = _number(message, "epsilon", upper=30)
         return Control(stream=name, phase=phase, epsilon=epsilon, mechanism=mech, categories=d)
+    if phase == PHASE_RANGE:
+        return _parse_range(message, name)
     if phase not in MECHANISMS:
-        msg = f"control field 'phase' must be {PHASE_THRESHOLD!r}, {PHASE_STREAM!r} or {PHASE_CATEGORICAL!r}"
+        msg = (f"control field 'phase' must be {PHASE_THRESHOLD!r}, {PHASE_STREAM!r}, {PHASE_CATEGORICAL!r} or "
+               f"{PHASE_RANGE!r}")
         raise ControlError(msg)
     if message.get("mechanism", MECHANISMS[phase]) != MECHANISMS[phase]:
         msg = f"control field 'mechanism' must be {MECHANISMS[phase]!r} in phase {phase!r}"
@@ -195,6 +228,36 @@ def parse_control(message: Any, stream: str | None = None) -> Control:
         raise ControlError(msg)
     return Control(stream=name, phase=phase, epsilon=epsilon, theta=theta, lower=float(lower),
                    mechanism=MECHANISMS[phase])
+
+
+def _parse_range(message: dict[str, Any], name: str) -> Control:
+    mech = message.get("mechanism")
+    if mech not in RANGE_MECHANISMS:
+        msg = f"control field 'mechanism' must be one of {', '.join(RANGE_MECHANISMS)} in phase range"
+        raise ControlError(msg, "mechanism")
+    d, b = message.get("buckets"), message.get("fanout")
+    if type(d) is not int or not 2 <= d <= MAX_BUCKETS:
+        msg = f"control field 'buckets' must be an integer in [2, {MAX_BUCKETS}]"
+        raise ControlError(msg, "buckets")
+    if type(b) is not int or not 2 <= b <= 64:
+        msg = "control field 'fanout' must be an integer in [2, 64]"
+        raise ControlError(msg, "fanout")
+    lower = message.get("lower", 0.0)
+    if isinstance(lower, bool) or not isinstance(lower, int | float) or not -1e15 <= lower <= 1e15:
+        msg = "control field 'lower' must be a number"
+        raise ControlError(msg)
+    width = _number(message, "width", upper=1e15)
+    epsilon = _number(message, "epsilon", upper=30)
+    return Control(stream=name, phase=PHASE_RANGE, epsilon=epsilon, lower=float(lower), mechanism=mech,
+                   width=width, buckets=d, fanout=b)
+
+
+def range_control(stream: str, epsilon: float, mechanism: str, lower: float, width: float, buckets: int,
+                  fanout: int) -> dict[str, Any]:
+    """The control message of a local range-counting stream (devices bucket their readings and report one level)."""
+    return parse_control({"stream": stream, "phase": PHASE_RANGE, "epsilon": float(epsilon), "mechanism": mechanism,
+                          "lower": float(lower), "width": float(width), "buckets": int(buckets),
+                          "fanout": int(fanout)}).to_message()
 
 
 def threshold_control(

@@ -260,7 +260,7 @@ def decode_line(line: bytes) -> tuple[list[Reading], int]:
 # (report, ts or None, seq or None, phase, theta or None)
 Report = tuple[float, float | None, int | None, str, float | None]
 
-_PHASES = ("threshold", "stream", "categorical")
+_PHASES = ("threshold", "stream", "categorical", "range")
 
 
 _REPORT_LIMIT = 2.0**1023  # a report or theta beyond it is no float a device could have sent
@@ -285,7 +285,7 @@ def _report(obj: Any) -> Report:
         raise PayloadError(msg)
     phase = obj.get("phase")
     if type(phase) is not str or phase not in _PHASES:
-        msg = "report phase must be 'threshold', 'stream' or 'categorical'"
+        msg = "report phase must be 'threshold', 'stream', 'categorical' or 'range'"
         raise PayloadError(msg)
     # the 5th element: theta for a stream report, the Square Wave domain for a threshold report (absent: the bound)
     key = "theta" if phase == "stream" else "domain"

@@ -22,6 +22,7 @@ from typing import IO, Any
 
 from operators import ToPLConfig
 from operators.categorical.release import CategoricalRelease
+from operators.ranges.release import RangeRelease
 from operators.selection import prepare as prepare_selection
 from operators.topl_server import LocalServer
 from stream.core.config import (
@@ -32,7 +33,7 @@ from stream.core.config import (
     histogram_operator,
     load_config,
 )
-from stream.core.control import categorical_control, stream_control, threshold_control
+from stream.core.control import categorical_control, range_control, stream_control, threshold_control
 from stream.core.errors import ConfigFileError, PayloadError, StartupError, StreamCapError
 from stream.core.keys import KeyFileError, derive_stream_key, load_master_key, new_identity
 from stream.core.metrics import MESSAGE_RESULTS, Metrics
@@ -135,7 +136,7 @@ class Daemon:
         self.local = cfg.streams.mode == "local"
         category = cfg.category
         if self.operator_factory is None and category is not None and category.local:
-            self.operator_factory = lambda name: CategoricalRelease(category)
+            self.operator_factory = lambda name: histogram_operator(category, None)
         elif self.operator_factory is None and self.local:
             t = cfg.template
             topl = ToPLConfig(epsilon=t.epsilon, bound=t.bound, threshold_epsilon=t.threshold_epsilon,
@@ -557,6 +558,9 @@ class Daemon:
         if isinstance(op, CategoricalRelease):
             c = op.config
             msg = categorical_control(rec.name, c.epsilon, c.mechanism, c.categories)
+        elif isinstance(op, RangeRelease):
+            r = op.config
+            msg = range_control(rec.name, r.epsilon, r.mechanism, r.lower, r.width, r.buckets, r.fanout)
         elif op.theta is None:
             msg = threshold_control(rec.name, op.config.threshold_budget, t.bound, op.sw_b, domain=op.sw_domain)
         else:

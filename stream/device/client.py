@@ -86,6 +86,7 @@ from stream.core.control import (
     DEFAULT_REPORT_TOPIC,
     MAX_CATEGORIES,
     PHASE_CATEGORICAL,
+    PHASE_RANGE,
     PHASE_STREAM,
     PHASE_THRESHOLD,
     Control,
@@ -127,6 +128,7 @@ log = logging.getLogger("tops.device")
 ADDRESS_SQUARE_WAVE = 1
 ADDRESS_HYBRID = 2
 ADDRESS_CATEGORICAL = 3
+ADDRESS_RANGE = 4
 _MAX_POSITION = 1 << 34  # well inside the 2^35 words of one ChaCha20 keystream; a fresh key after that
 
 
@@ -171,7 +173,7 @@ class Device:
         self.seq = SequenceNumbers(seq_floor) if sequence else None
         self._fixed_key = key is not None
         self._gen = KeyedGenerator(key if key is not None else new_key())
-        self._positions = {ADDRESS_SQUARE_WAVE: 0, ADDRESS_HYBRID: 0, ADDRESS_CATEGORICAL: 0}
+        self._positions = {ADDRESS_SQUARE_WAVE: 0, ADDRESS_HYBRID: 0, ADDRESS_CATEGORICAL: 0, ADDRESS_RANGE: 0}
 
     def __repr__(self) -> str:
         return f"Device(stream={self.stream!r}, phase={self.phase!r}, reports={self.reports})"
@@ -190,6 +192,9 @@ class Device:
     def check(self, control: Control) -> None:
         """Raise :class:`ControlError` when ``control`` is outside this device's pinned limits."""
         lim = self.limits
+        if control.phase == PHASE_RANGE:
+            self._check_range(control)
+            return
         if control.mechanism not in lim.mechanisms:
             msg = f"control mechanism is not one this device runs ({', '.join(lim.mechanisms)})"
             raise ControlError(msg, "mechanism")
@@ -220,6 +225,23 @@ class Device:
             if pinned is not None and not control.theta <= pinned:
                 msg = f"control theta {control.theta:g} is outside (0, {pinned:g}], the bound pinned on this device"
                 raise ControlError(msg, "theta")
+
+    def _check_range(self, control: Control) -> None:
+        """A local range stream: a numeric device buckets its own readings (any domain: each report is eps-LDP
+        whatever the buckets) and reports one level through oracles it runs, at most at its epsilon limit."""
+        lim = self.limits
+        if self.categories is not None:
+            msg = "control is for a range stream and this device reports categories (--categories)"
+            raise ControlError(msg, "kind")
+        oracles = control.layout().oracles
+        if any(o not in lim.mechanisms for o in oracles):
+            msg = (f"control needs oracles {', '.join(sorted(set(oracles)))}; this device runs "
+                   f"{', '.join(lim.mechanisms)}")
+            raise ControlError(msg, "mechanism")
+        if control.epsilon > lim.max_epsilon:
+            msg = (f"control epsilon {control.epsilon:g} is above this device's limit {lim.max_epsilon:g} "
+                   "(--max-epsilon)")
+            raise ControlError(msg, "epsilon")
 
     def on_control(self, message: Any) -> str | None:
         """Follow a control message (dict, JSON text or bytes; empty withdraws it); returns the phase.
@@ -267,6 +289,13 @@ class Device:
             msg = "readings must be finite numbers"
             raise ValueError(msg)
         c = self.control
+        if c.phase == PHASE_RANGE:
+            lay = c.layout()
+            u = self._uniforms(ADDRESS_RANGE, lay.uniforms_per_report * v.size)
+            out = lay.report(c.bucket_of(v), u).astype(np.float64)
+            self.reports += v.size
+            self.account.add(c.phase, c.epsilon, v.size)
+            return out
         if c.phase == PHASE_CATEGORICAL:
             assert c.categories is not None
             if v.size and not (np.all(v == np.floor(v)) and v.min() >= 0 and v.max() < c.categories):
@@ -313,7 +342,7 @@ class Device:
         if phase == PHASE_THRESHOLD:
             if self.control.domain is not None:
                 extra = {"domain": self.control.domain}
-        elif phase == PHASE_CATEGORICAL:
+        elif phase in (PHASE_CATEGORICAL, PHASE_RANGE):
             values = values.astype(np.int64)  # a report value is an integer
         else:
             extra = {"theta": theta}

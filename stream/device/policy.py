@@ -44,7 +44,8 @@ EPSILON_CEILING = 50.0  # no owner limit above this: at eps 50 a report is the r
 SEQ_LIMIT = 1 << 63  # the daemon takes seq in [0, 2^63)
 SEQ_RESERVE = 1 << 20  # seq numbers reserved in the state file ahead of use (one small write per ~1 M reports)
 MECHANISM_NAMES = ("square_wave", "hybrid", "grr", "hr")  # grr, hr: categorical streams
-PHASES = ("threshold", "stream", "categorical")
+PHASES = ("threshold", "stream", "categorical", "range")
+_OPTIONAL_PHASES = ("categorical", "range")  # shown once used; absent from accounts saved before they existed
 _LIMIT_KEYS = ("max_epsilon", "max_threshold_epsilon", "bound", "lower", "mechanisms")
 
 
@@ -186,7 +187,8 @@ class SpentAccount:
 
     def to_dict(self) -> dict[str, Any]:
         # a numeric device's account keeps its two phases; the categorical one appears once used
-        out: dict[str, Any] = {p: a.to_dict() for p, a in self.phases.items() if p != "categorical" or a.readings}
+        out: dict[str, Any] = {p: a.to_dict() for p, a in self.phases.items()
+                               if p not in _OPTIONAL_PHASES or a.readings}
         out.update(
             readings=self.readings,
             max_epsilon_per_reading=self.max_epsilon_per_reading,
@@ -202,7 +204,7 @@ class SpentAccount:
             raise ValueError("account")
         for p in PHASES:
             d = doc.get(p)
-            if d is None and p == "categorical":  # saved before categorical streams existed
+            if d is None and p in _OPTIONAL_PHASES:  # saved before such streams existed
                 continue
             if not isinstance(d, dict):
                 raise ValueError("account")
@@ -214,9 +216,9 @@ class SpentAccount:
 
     def line(self) -> str:
         """One log line: counts and epsilons only, never a reading."""
-        th, st, ca = self.phases["threshold"], self.phases["stream"], self.phases["categorical"]
-        cat = f", categorical {ca.readings} at eps <= {ca.max_epsilon:g} (sum {ca.total_epsilon:g})" if ca.readings \
-            else ""
+        th, st = self.phases["threshold"], self.phases["stream"]
+        cat = "".join(f", {p} {a.readings} at eps <= {a.max_epsilon:g} (sum {a.total_epsilon:g})"
+                      for p in _OPTIONAL_PHASES if (a := self.phases[p]).readings)
         return (
             f"account: {self.readings} readings, each reported once; threshold phase {th.readings} at eps <= "
             f"{th.max_epsilon:g} (sum {th.total_epsilon:g}), stream phase {st.readings} at eps <= "

@@ -13,7 +13,9 @@ else is new. Entries go once the broker has the PUBACK:
 
 - a QoS >= 1 publish the daemon handed over after the PUBACK was confirmed by the broker (TCP keeps the order, the
   broker handles packets in order);
-- or a new message (DUP clear) arrived on a later connection: the broker resends what is unacknowledged first;
+- or a new message (DUP clear) arrived on a later connection: the broker resends what is unacknowledged first
+  (a repeat recognised on the new connection belongs to it from then on: its PUBACK leaves on that connection and
+  may be lost with it, so it stays until the broker has that PUBACK);
 - or the same packet id arrived again with DUP clear (the broker reused it: the old one was acknowledged);
 - or, without such evidence (no QoS 1 output), ``grace`` seconds after the PUBACK left on a connection still up;
 - and all of them when the broker lost the session (nothing can be redelivered).
@@ -81,7 +83,14 @@ class Redeliveries:
         """True when the message is the broker's repeat of one already processed (acknowledge it, skip it)."""
         e = self.entries.get(mid)
         if dup:
-            return e is not None and e[0] == digest
+            if e is None or e[0] != digest:
+                return False
+            if e[1] != self.epoch:
+                # Its PUBACK now goes on this connection and may be lost with it: the entry stays until the broker
+                # has that PUBACK (a new message does not clear it, the broker sent this one again before it).
+                self.keep(mid, digest)
+                self.mark({"u": [[mid, digest]]})
+            return True
         if self.old_pending:  # a new message: the broker has resent everything unacknowledged before it
             self._drop_old()
         return False
