@@ -15,8 +15,8 @@ Hadamard Response); the server tallies the report values per period and releases
 (``counts`` for flat, ``levels`` for the tree; a range is answered from its decomposition). Every report is
 eps-LDP on the device; the server holds no key.
 
-Privacy (central): one reading per period is the unit; neighbouring periods add or remove one reading, each period's release is
-eps-DP, periods are disjoint (parallel composition), so every reading is eps-DP.
+Privacy (central): one reading per period is the unit; neighbouring periods add or remove one reading, each period's
+release is eps-DP, periods are disjoint (parallel composition), so every reading is eps-DP.
 
 >>> cfg = RangeConfig(epsilon=1.0, lower=0.0, width=0.5, buckets=16, mechanism="tree", fanout=4)
 >>> op = RangeRelease(cfg, key=bytes(32))

@@ -140,6 +140,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text)
-    print(f"tops replay-categorical: {len(rel)} periods released, mechanism {cat.mechanism}, key {where}",
+    mech = getattr(cat, "mechanism", "countofcounts")
+    print(f"tops replay-categorical: {len(rel)} periods released, mechanism {mech}, key {where}",
           file=sys.stderr)
     return 0

@@ -149,8 +149,20 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "kind": Field("choice", "numeric", "`numeric`: a reading is a number (ToPS / ToPL); `categorical`: a "
                       "reading is a category and each period releases a private histogram (`[categorical]`); "
                       "`range`: readings are bucketed over a value domain and each period releases a private "
-                      "histogram that answers range counts (`[ranges]`). Both need `[ticks] mode = \"period\"`.",
-                      choices=("numeric", "categorical", "range")),
+                      "histogram that answers range counts (`[ranges]`); `countofcounts`: a reading is one group's "
+                      "size in one region and each period releases every region's count-of-counts histogram "
+                      "(`[countofcounts]`). All but `numeric` need `[ticks] mode = \"period\"`.",
+                      choices=("numeric", "categorical", "range", "countofcounts")),
+    },
+    "countofcounts": {
+        "epsilon": Field("float", 0.0, "Privacy budget of each person in one period (split evenly over the "
+                         "hierarchy's levels). Required with `[streams] kind = \"countofcounts\"`.", low=0),
+        "max_size": Field("int", 0, "J: the largest group size (larger groups count as J). Required.", low=0,
+                          high=1 << 12),
+        "leaves": Field("strlist", [], "The leaf regions as paths (`\"ca/la\"`, `\"ca/sf\"`, `\"ny/nyc\"`; every "
+                        "prefix is a region), all of one depth. A reading is `index_of_leaf * max_size + size - 1`. "
+                        "Required."),
+        "root": Field("str", "all", "Name of the root region in releases."),
     },
     "ranges": {
         "epsilon": Field("float", 0.0, "Privacy budget of each reading (one reading in one period). Required with "
@@ -284,13 +296,14 @@ class DaemonConfig:
     local: Section
     categorical: Section
     ranges: Section
+    countofcounts: Section
     metrics: Section
     log: Section
     state: Section
     template: ToPSConfig
     source_path: str | None = None
     notes: list[str] = field(default_factory=list)
-    category: Any = None  # CategoricalConfig (kind "categorical") or RangeConfig (kind "range") of operators
+    category: Any = None  # the operators' CategoricalConfig, RangeConfig or CountOfCountsConfig (kind != "numeric")
 
     @property
     def uses_mqtt(self) -> bool:
@@ -507,6 +520,9 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
     elif sections["streams"]["kind"] == "range":
         category, cat_problems = _ranges(sections, template_doc)
         problems += cat_problems
+    elif sections["streams"]["kind"] == "countofcounts":
+        category, cat_problems = _countofcounts(sections, template_doc)
+        problems += cat_problems
     if sections["streams"]["kind"] != "numeric":
         # the numeric template does not apply; its epsilon is the releases' epsilon
         template_doc = {"epsilon": 1.0 if category is None else category.epsilon, "bound": 1.0, "theta": 1.0}
@@ -646,13 +662,46 @@ def _ranges(sections: dict[str, dict[str, Any]], template_doc: dict[str, Any]) -
         return None, [f"[ranges] {exc}"]
 
 
+def _countofcounts(sections: dict[str, dict[str, Any]], template_doc: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The count-of-counts stream's parameters from ``[countofcounts]``, and every problem, one line each."""
+    from operators.countofcounts_stream import CountOfCountsConfig
+
+    cc, problems = sections["countofcounts"], []
+    kind = '[streams] kind = "countofcounts"'
+    if sections["ticks"]["mode"] != "period":
+        problems.append(f'{kind} releases one census per period: set [ticks] mode = "period"')
+    if template_doc:
+        problems.append("[streams.template] is for numeric streams; a count-of-counts stream takes [countofcounts]")
+    if sections["streams"]["mode"] != "central":
+        problems.append(f"{kind} is central only (the server holds each group's size)")
+    if sections["streams"]["method"] != "tops":
+        problems.append(f"[streams] method is for numeric streams ({kind} has its own mechanism)")
+    if not cc["epsilon"] > 0:
+        problems.append(f"[countofcounts] epsilon required (a positive number) with {kind}")
+    if cc["max_size"] < 1:
+        problems.append("[countofcounts] max_size required (an integer >= 1: the largest group size)")
+    if not cc["leaves"]:
+        problems.append("[countofcounts] leaves required (the leaf regions as paths, e.g. [\"ca/la\", \"ny/nyc\"])")
+    if problems:
+        return None, problems
+    try:
+        return CountOfCountsConfig(float(cc["epsilon"]), int(cc["max_size"]), tuple(cc["leaves"]),
+                                   str(cc["root"])), []
+    except ConfigError as exc:
+        return None, [f"[countofcounts] {exc}"]
+
+
 def histogram_operator(config: Any, key: bytes | None) -> Any:
     """The operator of a categorical or range-counting stream (``DaemonConfig.category``)."""
     from operators.categorical.release import CategoricalRelease
+    from operators.countofcounts_stream import CountOfCountsConfig, CountOfCountsRelease
     from operators.ranges.release import RangeConfig, RangeRelease
 
     if isinstance(config, RangeConfig):
         return RangeRelease(config, key)
+    if isinstance(config, CountOfCountsConfig):
+        assert key is not None
+        return CountOfCountsRelease(config, key)
     return CategoricalRelease(config, key)
 
 

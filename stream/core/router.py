@@ -60,11 +60,14 @@ class StreamRecord:
         op = self.operator
         if getattr(op, "takes_categories", False):
             cfg = op.config
-            st = {"stream": self.name, "phase": "releasing", "mechanism": cfg.mechanism, "epsilon": cfg.epsilon}
-            if hasattr(cfg, "categories"):
-                st.update(kind="categorical", categories=cfg.categories)
-            else:
+            st = {"stream": self.name, "phase": "releasing", "mechanism": getattr(cfg, "mechanism", "countofcounts"),
+                  "epsilon": cfg.epsilon}
+            if hasattr(cfg, "leaves"):
+                st.update(kind="countofcounts", max_size=cfg.max_size, leaves=len(cfg.leaves))
+            elif hasattr(cfg, "buckets"):
                 st.update(kind="range", lower=cfg.lower, width=cfg.width, buckets=cfg.buckets)
+            else:
+                st.update(kind="categorical", categories=cfg.categories)
         elif op.phase == "holdout":
             st = {"stream": self.name, "phase": "holdout", "holdout_left": int(op.holdout_left)}
         else:

@@ -1,0 +1,123 @@
+"""Count-of-counts streams in the daemon ([streams] kind = "countofcounts"): configuration, hostile readings, the
+consistency of every release, snapshot and restore, and `tops replay-categorical` equality."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from operators.countofcounts_stream import CountOfCountsConfig, CountOfCountsRelease
+from stream.core.config import build_config
+from stream.core.errors import ConfigFileError
+from tests.conftest import identity_from_log, write_toml
+
+ROOT = Path(__file__).resolve().parent.parent
+LEAVES = ["north/a", "north/b", "north/c", "south/d", "south/e"]
+J = 8
+
+
+def tops(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "stream.cli", *args], cwd=ROOT, input=stdin, capture_output=True,
+                          timeout=120, check=False)
+
+
+COCO = {"epsilon": 1.0, "max_size": J, "leaves": LEAVES}
+
+
+@pytest.mark.parametrize(("doc", "line"), [
+    ({"streams": {"kind": "countofcounts"}, "countofcounts": COCO},
+     '[streams] kind = "countofcounts" releases one census per period: set [ticks] mode = "period"'),
+    ({"ticks": {"mode": "period"}, "streams": {"kind": "countofcounts", "mode": "local"}, "local": {"streams": ["c"]},
+      "countofcounts": COCO},
+     '[streams] kind = "countofcounts" is central only (the server holds each group\'s size)'),
+    ({"ticks": {"mode": "period"}, "streams": {"kind": "countofcounts"}, "countofcounts": {"epsilon": 1.0,
+                                                                                          "max_size": J}},
+     '[countofcounts] leaves required (the leaf regions as paths, e.g. ["ca/la", "ny/nyc"])'),
+    ({"ticks": {"mode": "period"}, "streams": {"kind": "countofcounts"},
+      "countofcounts": {**COCO, "leaves": ["north/a", "south"]}},
+     "[countofcounts] every leaf must have the same depth (a person is in one region per level)"),
+    ({"ticks": {"mode": "period"}, "streams": {"kind": "countofcounts"}, "countofcounts": {**COCO, "max_size": 0}},
+     "[countofcounts] max_size required (an integer >= 1: the largest group size)"),
+])
+def test_bad_countofcounts_configuration_gives_one_line_each(doc: dict, line: str) -> None:
+    with pytest.raises(ConfigFileError) as err:
+        build_config(doc)
+    assert line in err.value.problems, err.value.problems
+    assert len(err.value.problems) == 1, err.value.problems
+
+
+def test_every_release_is_consistent_and_keyed_by_the_tick() -> None:
+    """Every region's histogram counts exactly its groups, a parent's histogram is the sum of its children's (the
+    matching makes a parent's groups exactly its children's), and the noise is addressed by the tick: the same
+    tallies give the same releases, another key other ones; a snapshot continues bit for bit."""
+    cfg = CountOfCountsConfig(1.0, J, tuple(LEAVES))
+    rng = np.random.default_rng(2)
+    tallies = []
+    for _ in range(4):
+        t: dict[int, int] = {}
+        for leaf in LEAVES:
+            for size in rng.zipf(1.8, 60):
+                c = cfg.category(leaf, int(size))
+                t[c] = t.get(c, 0) + 1
+        tallies.append(t)
+    op = CountOfCountsRelease(cfg, bytes(32))
+    rel = op.process(tallies)
+    children = cfg.children()
+    for r, t in zip(rel, tallies, strict=True):
+        assert r["groups"]["all"] == sum(t.values()) == 300
+        for node, kids in children.items():
+            h = np.array(r["nodes"][node])
+            assert h.min() >= 0 and h.sum() == r["groups"][node]
+            if kids:
+                assert np.array_equal(h, np.sum([r["nodes"][k] for k in kids], axis=0)), node
+    assert rel == CountOfCountsRelease(cfg, bytes(32)).process(tallies)
+    assert rel != CountOfCountsRelease(cfg, bytes([1]) * 32).process(tallies)
+    half = CountOfCountsRelease(cfg, bytes(32))
+    half.process(tallies[:2])
+    again = CountOfCountsRelease.restore(cfg, bytes(32), json.loads(json.dumps(half.snapshot())))
+    assert again.process(tallies[2:]) == rel[2:]
+
+
+@pytest.mark.slow
+def test_stdin_run_with_hostile_readings_equals_the_replay(tmp_path: Path) -> None:
+    """Groups over five leaves, event clock: each hostile reading (out of range, fractional, negative, text, 1e999) is
+    rejected and counted; the releases equal `tops replay-categorical` of the same input byte for byte, every period
+    is released once with its tick, and the periods count every group."""
+    now = time.time()
+    rng = np.random.default_rng(9)
+    n = 3000
+    leaf = rng.integers(0, len(LEAVES), n)
+    size = np.minimum(rng.zipf(1.7, n), J)
+    cats = leaf * J + size - 1
+    ts = np.sort(rng.uniform(now - 5000, now - 100, n)).round(3)
+    lines = [json.dumps({"stream": "census", "value": int(c), "ts": float(t)}) for c, t in zip(cats, ts, strict=True)]
+    hostile = [json.dumps({"stream": "census", "value": v, "ts": round(now - 4000, 3)})
+               for v in (len(LEAVES) * J, 3.5, -1)]
+    hostile += [f'{{"stream":"census","value":"{x}","ts":{now - 4000:.3f}}}' for x in ("x", "1e999")]
+    data = ("\n".join(hostile + lines) + "\n").encode()
+    (tmp_path / "in.jsonl").write_bytes(data)
+    cfg = write_toml(tmp_path / "tops.toml", {
+        "input": {"source": "stdin"}, "output": {"sinks": ["stdout"]},
+        "ticks": {"mode": "period", "period": 1000.0, "clock": "event", "lateness": 6000.0},
+        "streams": {"kind": "countofcounts", "key_file": str(tmp_path / "master.key")},
+        "countofcounts": COCO, "metrics": {"port": 0}, "state": {"data_dir": ""},
+    })
+    r = tops("run", "--config", str(cfg), stdin=data)
+    assert r.returncode == 0, r.stderr.decode()
+    err = r.stderr.decode()
+    assert "invalid" in err and "Traceback" not in err
+    out = r.stdout.decode().splitlines()
+    rel = [json.loads(x) for x in out]
+    assert [x["tick"] for x in rel] == list(range(len(rel))) and len(rel) >= 5
+    assert sum(x["groups"]["all"] for x in rel) == n
+    rep = tops("replay-categorical", str(tmp_path / "in.jsonl"), "--config", str(cfg), "--stream", "census",
+               "--key-file", str(tmp_path / "master.key"), "--identity", identity_from_log(err),
+               "--first", str(rel[0]["ts"]), "--last", str(rel[-1]["ts"]))
+    assert rep.returncode == 0, rep.stderr.decode()
+    assert rep.stdout.decode().splitlines() == out
