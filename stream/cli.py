@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stream.commands.compare_categorical",
         "frequency oracles and central histograms on the commuting stand-in (seed 004's experiments): CSV",
     ),
+    "cluster": (
+        "stream.commands.cluster_cmd",
+        "read-only: the NATS cluster's partitions, their owners and lag, the live workers",
+    ),
     "device": (
         "stream.device.client",
         "the device side of local-DP mode: perturb readings locally and publish reports",

@@ -55,7 +55,7 @@ class FakeOperator:
 BAD_CONFIGS = [
     ({"mqtt": {"port": 0}}, "[mqtt] port must be an integer >= 1 and <= 65535 (got 0)"),
     ({"mqtt": {"hots": "x"}}, "[mqtt] unknown key 'hots'"),
-    ({"input": {"source": "kafka"}}, "[input] source must be one of stdin, mqtt (got 'kafka')"),
+    ({"input": {"source": "kafka"}}, "[input] source must be one of stdin, mqtt, nats (got 'kafka')"),
     ({"input": {"source": "mqtt", "topics": ["meters/#"]}}, "[input] topics: pattern 'meters/#' must have"),
     ({"input": {"qos": 2}}, "[input] qos must be an integer >= 0 and <= 1 (got 2)"),
     ({"output": {"topic": "dp/all"}}, "[output] topic must contain '{stream}'"),

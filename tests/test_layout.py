@@ -1,4 +1,4 @@
-"""The runtime's folders import in one direction (``commands -> daemon -> state -> core -> operators``,
+"""The runtime's folders import in one direction (``commands -> daemon -> cluster -> state -> core -> operators``,
 ``device -> core``), ``operators`` never imports ``stream``, and no module imports one that imports it back."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RANK = {"core": 0, "state": 1, "daemon": 2, "device": 2, "commands": 3}
-ALLOWED = {"core": {"core"}, "state": {"core", "state"}, "daemon": {"core", "state", "daemon"},
-           "device": {"core", "device"}, "commands": {"core", "state", "daemon", "commands"}}
+RANK = {"core": 0, "state": 1, "cluster": 2, "daemon": 3, "device": 2, "commands": 4}
+ALLOWED = {"core": {"core"}, "state": {"core", "state"}, "cluster": {"core", "state", "cluster"},
+           "daemon": {"core", "state", "cluster", "daemon"}, "device": {"core", "device"},
+           "commands": {"core", "state", "cluster", "daemon", "commands"}}
 
 
 def _imports(path: Path) -> set[str]:

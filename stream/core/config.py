@@ -85,7 +85,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                 "`persistent_client_expiration` decides).", low=0),
     },
     "input": {
-        "source": Field("choice", "stdin", "Where readings come from.", choices=("stdin", "mqtt")),
+        "source": Field("choice", "stdin", "Where readings come from: `stdin`, `mqtt`, or `nats` (a cluster worker: "
+                        "partitions of a JetStream stream, see `[nats]`).", choices=("stdin", "mqtt", "nats")),
         "topics": Field("strlist", ["meters/+/reading"],
                         "MQTT topic patterns; the single `+` level of each names the stream. No `#`."),
         "qos": Field("int", 1, "QoS of the input subscriptions (0 or 1).", low=0, high=1),
@@ -95,6 +96,28 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "max_queue": Field("int", 10_000, "Bound of the incoming queue (messages received, not yet processed). A "
                            "QoS 0 message arriving when it is full is counted (result `overload`) and not kept; QoS 1 "
                            "messages are acknowledged only once processed, so the broker holds the rest.", low=1),
+    },
+    "nats": {
+        "servers": Field("strlist", ["nats://127.0.0.1:4222"], "NATS servers of the cluster (any of them will do; "
+                         "the client fails over between them). Used with `[input] source = \"nats\"`."),
+        "partitions": Field("int", 16, "P: partitions of the input, as the servers' subject mapping cuts them "
+                            "(`{{partition(P,1)}}`). Every worker and the servers must agree.", low=1, high=4096),
+        "worker": Field("str", "", "This worker's name (empty: host name and process id)."),
+        "input_subject": Field("str", "tops.in", "Readings arrive on `<input_subject>.<partition>.<stream>` (the "
+                               "servers map `meters.<stream>.reading` there)."),
+        "output_subject": Field("str", "tops.out", "Releases go to `<output_subject>.<stream>`, with the message id "
+                                "`<stream>:<tick>` (JetStream drops a repeat within its duplicate window)."),
+        "input_stream": Field("str", "TOPS_IN", "JetStream stream of the readings (created if missing)."),
+        "output_stream": Field("str", "TOPS_OUT", "JetStream stream of the releases (created if missing)."),
+        "replicas": Field("int", 3, "Replicas of the streams and key-value buckets the worker creates.", low=1,
+                          high=5),
+        "bucket_prefix": Field("str", "tops", "Key-value buckets `<prefix>_leases`, `_workers`, `_state`, `_meta`."),
+        "lease_ttl": Field("float", 6.0, "Seconds a partition lease (and a worker's heartbeat) lives unless renewed; "
+                           "renewed every third of it. A dead worker's partitions move after at most this long.",
+                           low=0.5),
+        "checkpoint_interval": Field("float", 1.0, "Seconds between checkpoints of the changed streams to the "
+                                     "key-value store (readings are acknowledged after theirs).", low=0.05),
+        "fetch_batch": Field("int", 500, "Most messages fetched from one partition per step.", low=1),
     },
     "output": {
         "sinks": Field("strlist", ["stdout"], "Where releases go: any of `mqtt`, `stdout`."),
@@ -297,6 +320,7 @@ class DaemonConfig:
     categorical: Section
     ranges: Section
     countofcounts: Section
+    nats: Section
     metrics: Section
     log: Section
     state: Section
@@ -479,6 +503,8 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
                 if "#" not in p and topics_overlap(p, t):
                     problems.append(f"[input] topics: pattern {p!r} overlaps {what} {t!r} (the daemon would "
                                     "consume its own output)")
+    if inp["source"] == "nats":
+        problems += _nats_problems(sections)
     method = sections["streams"]["method"]
     if method != "tops" and sections["streams"]["mode"] == "local":
         problems.append(f"[streams] method {method!r} is for central streams; mode local runs ToPL")
@@ -559,6 +585,33 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
     assert template is not None
     return DaemonConfig(template=template, source_path=source_path, category=category,
                         **{k: Section(v) for k, v in sections.items()})
+
+
+def _nats_problems(sections: dict[str, dict[str, Any]]) -> list[str]:
+    """What a cluster worker (``[input] source = "nats"``) does not run, one line each."""
+    nt, problems = sections["nats"], []
+    if sections["streams"]["kind"] != "numeric" or sections["streams"]["mode"] != "central":
+        problems.append('[input] source = "nats" runs numeric central streams ([streams] kind = "numeric", '
+                        'mode = "central")')
+    if sections["streams"]["method"] != "tops":
+        problems.append('[input] source = "nats" runs ToPS ([streams] method = "tops")')
+    if sections["ticks"]["mode"] != "reading":
+        problems.append('[input] source = "nats" releases one tick per reading ([ticks] mode = "reading")')
+    if not nt["servers"]:
+        problems.append("[nats] servers must name at least one server")
+    for key in ("input_subject", "output_subject"):
+        v = nt[key]
+        if not v or any(c in v for c in " *>") or v.startswith(".") or v.endswith("."):
+            problems.append(f"[nats] {key} must be a subject without wildcards (got {v!r})")
+    if nt["input_subject"] == nt["output_subject"]:
+        problems.append("[nats] output_subject must differ from input_subject")
+    for key in ("input_stream", "output_stream", "bucket_prefix"):
+        v = nt[key]
+        if not v or not all(c.isalnum() or c in "_-" for c in v):
+            problems.append(f"[nats] {key} must be letters, digits, _ or - (got {v!r})")
+    if nt["input_stream"] == nt["output_stream"]:
+        problems.append("[nats] output_stream must differ from input_stream")
+    return problems
 
 
 def _categorical(sections: dict[str, dict[str, Any]], template_doc: dict[str, Any]) -> tuple[Any, list[str]]:

@@ -27,7 +27,6 @@ import os
 import sqlite3
 import time
 from collections import deque
-from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +34,12 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from prometheus_client import Counter
 
-from operators import ToPSConfig
 from stream.core.config import stream_params
 from stream.core.keys import derive_stream_key, load_master_key
 from stream.core.router import ReleaseBatch, StreamRecord
-from stream.core.ticking import CategoryBins, PeriodBins
 from stream.daemon.sources import published
 from stream.state.journal import Journal
+from stream.state.records import apply_state, operator_snapshot, record_state
 from stream.state.redelivery import Redeliveries
 from stream.state.spill import Spill
 from stream.state.store import Store, StoreError
@@ -50,64 +48,12 @@ __all__ = ["Durability", "key_check"]
 
 log = logging.getLogger("tops.state")
 
-STATE_VERSION = 1
 
 
 def key_check(master: bytes) -> str:
     """A one-way tag of the master key, so a store is never continued with another key (it reveals nothing)."""
     tag = HKDF(algorithm=hashes.SHA256(), length=16, salt=b"tops/store-key-check/v1", info=b"").derive(master)
     return tag.hex()
-
-
-def record_state(rec: StreamRecord) -> dict[str, Any]:
-    """What a stream record needs to continue exactly (no key, no raw reading; the holdout histogram while in it)."""
-    bins = rec.bins
-    return {
-        "version": STATE_VERSION,
-        "operator": _compact(rec.operator.snapshot()),
-        "last_seq": rec.last_seq,
-        "ticks": rec.ticks,
-        "bins": None if bins is None else {"first": bins.first, "open": [
-            [k, [[c, n] for c, n in v.items()] if isinstance(v, dict) else v] for k, v in bins.bins.items()]},
-    }
-
-
-def _compact(snap: dict[str, Any]) -> dict[str, Any]:
-    """The operator snapshot as stored: without its ``config`` (the stream's parameters are stored beside it) and
-    with the holdout histogram as its non-zero cells (at most ``m`` of them, against one cell per candidate)."""
-    snap.pop("config", None)
-    hist = snap.get("holdout_histogram")
-    if isinstance(hist, list):
-        idx = list(compress(range(len(hist)), hist))
-        snap["holdout_histogram"] = {"cells": len(hist), "index": idx, "count": [hist[i] for i in idx]}
-    return snap
-
-
-def operator_snapshot(state: dict[str, Any], config: Any) -> dict[str, Any]:
-    """The operator snapshot of a stored state, as the operator's ``restore`` takes it."""
-    snap = dict(state["operator"])
-    if "config" not in snap and isinstance(config, ToPSConfig):
-        snap["config"] = config.to_dict()
-    hist = snap.get("holdout_histogram")
-    if isinstance(hist, dict):
-        dense = [0] * int(hist["cells"])
-        for i, c in zip(hist["index"], hist["count"], strict=True):
-            dense[int(i)] = int(c)
-        snap["holdout_histogram"] = dense
-    return snap
-
-
-def apply_state(rec: StreamRecord, state: dict[str, Any]) -> None:
-    """Put the non-operator fields of a stored state back into a freshly created record."""
-    rec.last_seq = state.get("last_seq")
-    rec.ticks = int(state.get("ticks", rec.ticks))
-    b = state.get("bins")
-    if b is not None and isinstance(rec.bins, CategoryBins):
-        rec.bins = CategoryBins(int(b["first"]))
-        rec.bins.bins = {int(k): {int(c): int(n) for c, n in v} for k, v in b["open"]}
-    elif b is not None and rec.bins is not None:
-        rec.bins = PeriodBins(int(b["first"]))
-        rec.bins.bins = {int(k): float(v) for k, v in b["open"]}
 
 
 def private_dir(d: Path, what: str) -> None:

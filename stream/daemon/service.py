@@ -715,6 +715,8 @@ def main(args: argparse.Namespace) -> int:
         for line in exc.problems:
             print(f"tops run: {line}", file=sys.stderr)
         return 2
+    if cfg.input.source == "nats":  # a cluster worker: its state is in JetStream, not in [state]
+        return _run_worker(cfg, args)
     problems = preflight(cfg)  # what would stop the start, all at once
     for line in problems:
         print(f"tops run: {line}", file=sys.stderr)
@@ -733,3 +735,18 @@ def main(args: argparse.Namespace) -> int:
         print(f"tops run: {exc}", file=sys.stderr)
         return 2
 
+
+
+def _run_worker(cfg: DaemonConfig, args: argparse.Namespace) -> int:
+    from stream.cluster.worker import WorkerError, run_worker
+
+    if args.check:
+        print(f"tops run: configuration {cfg.source_path or '(defaults)'} is valid (cluster worker)", file=sys.stderr)
+        return 0
+    logging.basicConfig(level=cfg.log.level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return run_worker(cfg)
+    except (KeyFileError, WorkerError) as exc:
+        print(f"tops run: {exc}", file=sys.stderr)
+        return 2

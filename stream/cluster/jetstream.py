@@ -1,0 +1,96 @@
+"""The JetStream side of a cluster: the input and output streams, the key-value buckets, and their names.
+
+Created by the first worker if missing (replicated ``[nats] replicas`` times): the input stream takes
+``<input_subject>.>`` (the servers' subject mapping puts ``meters.<stream>.reading`` on
+``<input_subject>.<partition>.<stream>``), the output stream ``<output_subject>.>`` with a duplicate window
+(releases carry the message id ``<stream>:<tick>``), and four buckets: leases and workers (keys live ``lease_ttl``
+seconds), state (every stream's checkpoint and every partition's floor) and meta (the cluster's identity and its
+streams' privacy parameters).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Names", "ensure", "state_key", "stream_of_key"]
+
+DUPLICATE_WINDOW = 600.0  # seconds JetStream remembers a release's message id
+
+
+@dataclass(frozen=True)
+class Names:
+    """Subjects, streams and buckets of one cluster configuration (``[nats]``)."""
+
+    input_subject: str
+    output_subject: str
+    input_stream: str
+    output_stream: str
+    prefix: str
+    partitions: int
+    replicas: int
+    lease_ttl: float
+
+    @classmethod
+    def from_config(cls, nats: Any) -> Names:
+        return cls(nats.input_subject, nats.output_subject, nats.input_stream, nats.output_stream,
+                   nats.bucket_prefix, int(nats.partitions), int(nats.replicas), float(nats.lease_ttl))
+
+    @property
+    def leases(self) -> str:
+        return f"{self.prefix}_leases"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}_workers"
+
+    @property
+    def state(self) -> str:
+        return f"{self.prefix}_state"
+
+    @property
+    def meta(self) -> str:
+        return f"{self.prefix}_meta"
+
+    def consumer(self, partition: int, lease_rev: int) -> str:
+        """A partition's consumer for one lease: a stale owner's pulls go to its own (deleted) consumer, never to the
+        new owner's (whose acknowledgement of a later message would cover readings the new owner never saw)."""
+        return f"{self.prefix}-p{partition}-r{lease_rev}"
+
+    def partition_subject(self, partition: int) -> str:
+        return f"{self.input_subject}.{partition}.>"
+
+
+def state_key(stream: str) -> str:
+    """The state bucket's key of a stream (key-value keys allow few characters: the name, base64url)."""
+    return "s." + base64.urlsafe_b64encode(stream.encode()).decode().rstrip("=")
+
+
+def stream_of_key(key: str) -> str:
+    b = key[2:]
+    return base64.urlsafe_b64decode(b + "=" * (-len(b) % 4)).decode()
+
+
+async def ensure(js: Any, names: Names) -> dict[str, Any]:
+    """The streams and buckets, created when missing; returns the four buckets by role."""
+    from nats.js.api import KeyValueConfig, StorageType, StreamConfig
+    from nats.js.errors import BucketNotFoundError, NotFoundError
+
+    for name, subject, dup in ((names.input_stream, names.input_subject, None),
+                               (names.output_stream, names.output_subject, DUPLICATE_WINDOW)):
+        try:
+            await js.stream_info(name)
+        except NotFoundError:
+            cfg = StreamConfig(name=name, subjects=[f"{subject}.>"], num_replicas=names.replicas,
+                               storage=StorageType.FILE, duplicate_window=dup)
+            await js.add_stream(cfg)  # another worker creating it at the same time: the same config, no error
+    buckets: dict[str, Any] = {}
+    for role, bucket, ttl in (("leases", names.leases, names.lease_ttl), ("workers", names.workers, names.lease_ttl),
+                              ("state", names.state, None), ("meta", names.meta, None)):
+        try:
+            buckets[role] = await js.key_value(bucket)
+        except (BucketNotFoundError, NotFoundError):
+            cfg = KeyValueConfig(bucket=bucket, history=1, replicas=names.replicas, ttl=ttl)
+            buckets[role] = await js.create_key_value(cfg)
+    return buckets

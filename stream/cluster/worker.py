@@ -1,0 +1,478 @@
+"""A cluster worker (``tops run`` with ``[input] source = "nats"``): the partitions it leases, through the daemon's
+operators, to the output stream, with failover that never noises a tick twice.
+
+Per owned partition ``p`` the worker reads, in order, a durable pull consumer on ``<input_subject>.p.>`` that starts
+right after the partition's *floor* (the last input sequence whose effect is in the state bucket). Every message
+is one stream's readings (the subject's last token names the stream; the payload is what MQTT readings are). A
+stream's state is loaded from the state bucket the first time the worker sees it; a message at or below the stream's
+stored input sequence is already in that state and is skipped, so nothing is counted twice after a failover.
+
+The same :class:`stream.core.router.Router` and operators as ``tops run`` and ``tops replay`` release every tick; the
+release is published to ``<output_subject>.<stream>`` with the message id ``<stream>:<tick>`` and its ``ts`` is the
+input message's JetStream time (the reading's ``ts`` if it has one), so whichever worker makes a tick makes the same
+bytes, and JetStream keeps one. Every ``checkpoint_interval`` seconds, per partition: renew the lease (compare-and-set
+on its revision), write each changed stream's state (compare-and-set on the revision this worker read or wrote),
+move the partition's floor (compare-and-set), then acknowledge the partition's messages up to the floor (ack policy
+*all*). Releases are published (and confirmed) before the state that follows them is written. A refused
+compare-and-set means another worker owns the partition now: this worker drops it without another write or publish.
+
+Keys: the same master key file on every worker; the cluster's identity (``derive_stream_key``'s ``identity``) is
+created once in the meta bucket, with the streams' privacy parameters (a worker with other parameters refuses to
+start: one line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from stream.cluster.jetstream import Names, ensure, state_key
+from stream.cluster.leases import lease_key, share, wanted
+from stream.core.config import DaemonConfig, build_operator, stream_params
+from stream.core.errors import PayloadError, StreamCapError
+from stream.core.keys import derive_stream_key, load_master_key, new_identity
+from stream.core.payload import check_stream_name, decode_payload_columns
+from stream.core.router import Router, StreamRecord
+from stream.core.sinks import encode_releases
+from stream.state.records import apply_state, operator_snapshot, record_state
+
+__all__ = ["ClusterWorker", "WorkerError"]
+
+log = logging.getLogger("tops.cluster")
+
+
+class WorkerError(RuntimeError):
+    """The worker cannot start (one line, no secret)."""
+
+
+class Fenced(Exception):
+    """Another worker owns the partition now."""
+
+
+@dataclass
+class Partition:
+    index: int
+    lease_rev: int
+    floor: int = 0  # last input sequence whose effect is in the state bucket
+    floor_rev: int | None = None
+    applied: int = 0  # last input sequence applied in memory
+    last_msg: Any = None  # the last message taken (acknowledged, with all before it, once the floor covers it)
+    sub: Any = None
+    consumer: str = ""
+    streams: set[str] = field(default_factory=set)
+    renewed: float = 0.0
+
+
+class ClusterWorker:
+    """One worker process of a cluster (see the module docstring)."""
+
+    def __init__(self, cfg: DaemonConfig, master: bytes, *, name: str | None = None) -> None:
+        self.cfg = cfg
+        self.master = master
+        nt = cfg.nats
+        self.name = name or nt.worker or f"{socket.gethostname()}-{os.getpid()}"
+        self.names = Names.from_config(nt)
+        self.template = cfg.template
+        self.identity = ""
+        self.router = Router(self._operator, cfg.streams.max_streams)
+        self.owned: dict[int, Partition] = {}
+        self.of_stream: dict[str, int] = {}  # stream -> partition
+        self.js_seq: dict[str, int] = {}  # stream -> last input sequence in its state
+        self.state_rev: dict[str, int | None] = {}
+        self.changed: set[str] = set()
+        self.stopping = asyncio.Event()
+        self.nc: Any = None
+        self.js: Any = None
+        self.kv: dict[str, Any] = {}
+        reg = self.registry = CollectorRegistry()
+        self.m_partitions = Gauge("tops_cluster_partitions_owned", "Partitions this worker holds", registry=reg)
+        self.m_readings = Counter("tops_cluster_readings", "Readings taken, by result", ["result"], registry=reg)
+        self.m_releases = Counter("tops_cluster_releases", "Releases published (confirmed by JetStream)",
+                                  registry=reg)
+        self.m_fenced = Counter("tops_cluster_partitions_lost", "Partitions lost to another worker (a refused "
+                                "compare-and-set or an expired lease)", registry=reg)
+        self.m_checkpoints = Counter("tops_cluster_checkpoints", "Partition checkpoints written", registry=reg)
+
+    # -- streams ----------------------------------------------------------------------------------------------------
+    def _operator(self, name: str) -> Any:
+        key = derive_stream_key(self.master, name, identity=self.identity)
+        return build_operator(self.template, "tops", key)
+
+    async def _record(self, name: str, part: Partition) -> StreamRecord | None:
+        rec = self.router.streams.get(name)
+        if rec is not None:
+            return rec
+        try:
+            rec = self.router.record(name)
+        except StreamCapError:
+            self.m_readings.labels("stream_cap").inc()
+            return None
+        from nats.js.errors import KeyNotFoundError
+
+        try:
+            entry = await self.kv["state"].get(state_key(name))
+        except KeyNotFoundError:
+            entry = None
+        if entry is not None and entry.value:
+            state = json.loads(entry.value)
+            op = rec.operator
+            rec.operator = type(op).restore(op.config, derive_stream_key(self.master, name, identity=self.identity),
+                                            operator_snapshot(state, op.config))
+            if rec.phase == "holdout" and rec.operator.phase != "holdout":
+                self.router.in_holdout -= 1
+            rec.phase = rec.operator.phase
+            apply_state(rec, state)
+            self.js_seq[name] = int(state["js_seq"])
+            self.state_rev[name] = entry.revision
+        else:
+            self.js_seq[name] = 0
+            self.state_rev[name] = None
+        part.streams.add(name)
+        self.of_stream[name] = part.index
+        return rec
+
+    def _forget(self, part: Partition) -> None:
+        """Drop a partition's streams from memory (another worker continues them from the state bucket)."""
+        for name in part.streams:
+            rec = self.router.streams.pop(name, None)
+            if rec is not None and rec.phase == "holdout":
+                self.router.in_holdout -= 1
+            self.router.dirty.pop(name, None)
+            for d in (self.of_stream, self.js_seq, self.state_rev):
+                d.pop(name, None)
+            self.changed.discard(name)
+        part.streams.clear()
+
+    # -- input ------------------------------------------------------------------------------------------------------
+    async def _take(self, part: Partition, msgs: list[Any]) -> None:
+        prefix = f"{self.names.input_subject}.{part.index}."
+        limit = self.cfg.input.max_payload_bytes
+        for m in msgs:
+            seq = m.metadata.sequence.stream
+            part.last_msg = m
+            part.applied = max(part.applied, seq)
+            name = m.subject[len(prefix):] if m.subject.startswith(prefix) else ""
+            try:
+                check_stream_name(name)
+            except PayloadError:
+                self.m_readings.labels("invalid_subject").inc()
+                continue
+            rec = await self._record(name, part)
+            if rec is None:
+                continue
+            if seq <= self.js_seq.get(name, 0):  # already in the stream's stored state
+                self.m_readings.labels("already_applied").inc()
+                continue
+            self.js_seq[name] = seq
+            self.changed.add(name)
+            if len(m.data) > limit:
+                self.m_readings.labels("too_large").inc()
+                continue
+            try:
+                values, ts, seqs, bad = decode_payload_columns(m.data)
+            except PayloadError:
+                self.m_readings.labels("invalid").inc()
+                continue
+            if bad:
+                self.m_readings.labels("invalid").inc(bad)
+            if not values or rec.failed:
+                continue
+            now = m.metadata.timestamp.timestamp()  # the broker's time: the same for every worker
+            before = dict(self.router.counts)
+            try:
+                self.router.add_many(rec, values, ts, seqs, now)
+            except Exception as exc:  # an operator that raises fails its stream only
+                self.router.fail(rec, f"a message raised {type(exc).__name__}")
+            for k, v in self.router.counts.items():
+                if v != before[k]:
+                    self.m_readings.labels(k).inc(v - before[k])
+
+    async def _publish(self) -> None:
+        """Process what was taken and publish every release (confirmed) before any later state is written."""
+        batches = self.router.flush()
+        eps = float(self.template.epsilon)
+        js, out = self.js, self.names.output_subject
+        futures = []
+        for b in batches:
+            for tick, line in zip(b.ticks, encode_releases(b, eps), strict=True):
+                hdr = {"Nats-Msg-Id": f"{b.record.name}:{tick}"}
+                futures.append(js.publish(f"{out}.{b.record.name}", line.encode(), headers=hdr))
+        for k in range(0, len(futures), 256):
+            await asyncio.gather(*futures[k:k + 256])
+        self.m_releases.inc(len(futures))
+
+    # -- leases and checkpoints ---------------------------------------------------------------------------------------
+    async def _checkpoint(self, part: Partition, *, final: bool = False) -> None:
+        """Lease renewal, the changed streams' states, the floor, then the acknowledgement (module docstring)."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        leases, state = self.kv["leases"], self.kv["state"]
+        try:
+            part.lease_rev = await leases.update(lease_key(part.index), self.name.encode(), last=part.lease_rev)
+        except KeyWrongLastSequenceError:
+            raise Fenced from None
+        part.renewed = time.monotonic()
+        names = [n for n in part.streams if n in self.changed]
+        for n in names:
+            rec = self.router.streams[n]
+            doc = record_state(rec)
+            doc["js_seq"] = self.js_seq[n]
+            value = json.dumps(doc, separators=(",", ":")).encode()
+            rev = self.state_rev.get(n)
+            try:
+                if rev is None:
+                    self.state_rev[n] = await state.create(state_key(n), value)
+                else:
+                    self.state_rev[n] = await state.update(state_key(n), value, last=rev)
+            except KeyWrongLastSequenceError:
+                raise Fenced from None
+            self.changed.discard(n)
+        if part.applied > part.floor or final:
+            doc = self._floor_doc(part, part.applied)
+            try:
+                part.floor_rev = await state.update(f"p.{part.index}", doc, last=part.floor_rev or 0)
+            except KeyWrongLastSequenceError:
+                raise Fenced from None
+            part.floor = part.applied
+            if part.last_msg is not None:
+                with contextlib.suppress(Exception):  # a lost ack is redelivered and skipped by the stored seq
+                    await part.last_msg.ack()
+                part.last_msg = None
+            self.m_checkpoints.inc()
+
+    def _floor_doc(self, part: Partition, floor: int) -> bytes:
+        return json.dumps({"floor": floor, "owner": self.name, "consumer": part.consumer}).encode()
+
+    async def _reset(self, why: str) -> None:
+        """Something failed half-way (a timeout while the cluster elects a leader, a publish not confirmed): drop
+        every partition without writing its state and give the leases back; they are taken again (here or by
+        another worker) from their last checkpoint, and the releases made again are the same bytes (the broker
+        keeps one of each message id)."""
+        log.warning("cluster step failed (%s): %d partitions dropped without writing, taken again from their last "
+                    "checkpoint", why, len(self.owned))
+        for part in list(self.owned.values()):
+            self.owned.pop(part.index, None)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(part.sub.unsubscribe(), 2.0)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.kv["leases"].delete(lease_key(part.index), last=part.lease_rev), 2.0)
+            self._forget(part)
+        self.router.flush()  # whatever was pending belongs to dropped streams: nothing is kept
+        self.m_partitions.set(0)
+
+    async def _acquire(self, index: int) -> None:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+
+        try:  # create: refused while another worker's lease lives (a deleted or expired one can be taken)
+            rev = await self.kv["leases"].create(lease_key(index), self.name.encode())
+        except KeyWrongLastSequenceError:
+            return  # someone else's
+        part = Partition(index, rev, renewed=time.monotonic())
+        state = self.kv["state"]
+        try:
+            entry = await state.get(f"p.{index}")
+            part.floor = int(json.loads(entry.value)["floor"]) if entry.value else 0
+            part.floor_rev = entry.revision
+        except KeyNotFoundError:
+            part.floor_rev = None
+        previous = ""
+        if part.floor_rev is not None:
+            previous = str(json.loads(entry.value).get("consumer", ""))
+        part.consumer = self.names.consumer(index, rev)
+        claim = self._floor_doc(part, part.floor)
+        try:  # the fence: a stale owner's next floor write is refused from now on
+            if part.floor_rev is None:
+                part.floor_rev = await state.create(f"p.{index}", claim)
+            else:
+                part.floor_rev = await state.update(f"p.{index}", claim, last=part.floor_rev)
+        except KeyWrongLastSequenceError:
+            with contextlib.suppress(Exception):
+                await self.kv["leases"].delete(lease_key(index), last=rev)
+            return
+        part.applied = part.floor
+        durable = part.consumer
+        if previous:
+            with contextlib.suppress(NotFoundError):
+                await self.js.delete_consumer(self.names.input_stream, previous)
+        cc = ConsumerConfig(durable_name=durable, filter_subject=self.names.partition_subject(index),
+                            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=part.floor + 1,
+                            ack_policy=AckPolicy.ALL, ack_wait=60.0, max_ack_pending=-1)
+        await self.js.add_consumer(self.names.input_stream, cc)
+        part.sub = await self.js.pull_subscribe_bind(durable=durable, stream=self.names.input_stream)
+        self.owned[index] = part
+        self.m_partitions.set(len(self.owned))
+        log.info("partition %d taken (floor %d)", index, part.floor)
+
+    async def _drop(self, part: Partition, *, hand_back: bool) -> None:
+        """Stop running a partition; ``hand_back``: checkpoint it and delete the lease so another takes it now."""
+        self.owned.pop(part.index, None)
+        self.m_partitions.set(len(self.owned))
+        try:
+            if hand_back:
+                try:
+                    await self._publish()
+                    await self._checkpoint(part, final=True)
+                    await self.kv["leases"].delete(lease_key(part.index), last=part.lease_rev)
+                    log.info("partition %d handed back (floor %d)", part.index, part.floor)
+                except Fenced:
+                    self.m_fenced.inc()
+            else:
+                self.m_fenced.inc()
+                log.warning("partition %d lost to another worker: dropped without writing", part.index)
+        finally:  # whatever happened, its streams leave memory (taken again, they are loaded from the store)
+            if part.sub is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(part.sub.unsubscribe(), 2.0)
+            self._forget(part)
+
+    async def _rebalance(self) -> None:
+        """Heartbeat, then take or hand back partitions toward this worker's share. Only key reads and stream info:
+        listing keys would create a consumer per call, which a cluster that just lost a node cannot place."""
+        from nats.js.errors import KeyDeletedError, KeyNotFoundError
+
+        await self.kv["workers"].put(self.name, b"1")
+        info = await self.js.stream_info(f"KV_{self.names.workers}")
+        alive = max(1, int(info.state.messages or 1))  # history 1: one message per live heartbeat
+        p = self.names.partitions
+        target = share(p, alive)
+        if len(self.owned) > target:
+            _, give = wanted(range(p), owned=set(self.owned), free=set(), target=target)
+            for i in give:
+                await self._drop(self.owned[i], hand_back=True)
+            return
+        for i in range(p):
+            if len(self.owned) >= target:
+                break
+            if i in self.owned:
+                continue
+            try:
+                await self.kv["leases"].get(lease_key(i))
+                continue  # held
+            except (KeyNotFoundError, KeyDeletedError):
+                pass
+            await self._acquire(i)
+
+    # -- the loops --------------------------------------------------------------------------------------------------
+    async def _step(self) -> int:
+        """One pass over the owned partitions: fetch, process, publish. Returns messages taken."""
+        from nats.errors import TimeoutError as NatsTimeout
+
+        n = 0
+        batch = int(self.cfg.nats.fetch_batch)
+        for part in list(self.owned.values()):
+            try:
+                msgs = await part.sub.fetch(batch, timeout=0.05)
+            except (TimeoutError, NatsTimeout):
+                continue
+            except Exception as exc:  # the consumer went away (another owner recreated it) or the link is down
+                log.warning("partition %d: fetch failed (%s)", part.index, type(exc).__name__)
+                await asyncio.sleep(0.2)
+                continue
+            await self._take(part, msgs)
+            n += len(msgs)
+        if n:
+            await self._publish()
+        self.router.status_now.clear()  # no status messages in a cluster: releases only
+        return n
+
+    async def _maintain(self, last_checkpoint: float) -> float:
+        now = time.monotonic()
+        interval = float(self.cfg.nats.checkpoint_interval)
+        renew = self.names.lease_ttl / 3
+        due = now - last_checkpoint >= interval
+        for part in list(self.owned.values()):
+            if now - part.renewed > self.names.lease_ttl:  # could not renew in time: the lease may be gone
+                await self._drop(part, hand_back=False)
+                continue
+            if due or now - part.renewed >= renew:
+                try:
+                    await self._publish()
+                    await self._checkpoint(part)
+                except Fenced:
+                    await self._drop(part, hand_back=False)
+        return now if due else last_checkpoint
+
+    async def serve(self) -> int:
+        import nats
+
+        async def error_cb(exc: Exception) -> None:  # one line, not the client's traceback
+            log.warning("NATS: %s", type(exc).__name__)
+
+        self.nc = await nats.connect(servers=list(self.cfg.nats.servers), name=f"tops-worker-{self.name}",
+                                     max_reconnect_attempts=-1, reconnect_time_wait=0.25, connect_timeout=5,
+                                     error_cb=error_cb)
+        self.js = self.nc.jetstream(timeout=5.0)
+        deadline = time.monotonic() + 120.0
+        while True:  # a cluster that just started elects its leaders first; workers starting together race here
+            try:
+                self.kv = await ensure(self.js, self.names)
+                await self._identity()
+                break
+            except WorkerError:
+                raise
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    msg = f"the NATS cluster's JetStream is not available ({type(exc).__name__})"
+                    raise WorkerError(msg) from None
+                await asyncio.sleep(0.5)
+        log.info("worker %s: cluster identity %s, %d partitions", self.name, self.identity, self.names.partitions)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        last_checkpoint = last_balance = 0.0
+        while not self.stopping.is_set():
+            now = time.monotonic()
+            try:
+                if now - last_balance >= self.names.lease_ttl / 3:
+                    await self._rebalance()
+                    last_balance = now
+                if not await self._step():
+                    await asyncio.sleep(0.02)
+                last_checkpoint = await self._maintain(last_checkpoint)
+            except Exception as exc:  # the cluster is unreachable for a moment: retry, leases decide the rest
+                log.debug("cluster step failed", exc_info=True)
+                await self._reset(type(exc).__name__)
+                await asyncio.sleep(0.5)
+        for part in list(self.owned.values()):
+            await self._drop(part, hand_back=True)
+        with contextlib.suppress(Exception):  # the heartbeat expires by itself (a delete marker would count)
+            await self.nc.drain()
+        log.info("worker %s stopped", self.name)
+        return 0
+
+    async def _identity(self) -> None:
+        """The cluster's identity and parameters: created by the first worker, the same for all."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        meta = self.kv["meta"]
+        params = json.dumps(stream_params(self.cfg), sort_keys=True).encode()
+        with contextlib.suppress(KeyWrongLastSequenceError):
+            await meta.create("identity", new_identity().encode())
+        with contextlib.suppress(KeyWrongLastSequenceError):
+            await meta.create("params", params)
+        self.identity = (await meta.get("identity")).value.decode()
+        stored = (await meta.get("params")).value
+        if json.loads(stored) != json.loads(params):
+            msg = ("the cluster's streams were started with other privacy parameters (stream template); refusing "
+                   "to start (run every worker with the same [streams.template])")
+            raise WorkerError(msg)
+
+
+def run_worker(cfg: DaemonConfig) -> int:
+    """``tops run`` with ``[input] source = "nats"``."""
+    master = load_master_key(cfg.streams.key_file, create=False)  # every worker: the same key file
+    worker = ClusterWorker(cfg, master)
+    if cfg.metrics.port:
+        start_http_server(int(cfg.metrics.port), addr=cfg.metrics.host, registry=worker.registry)
+    return asyncio.run(worker.serve())

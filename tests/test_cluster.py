@@ -1,0 +1,306 @@
+"""Cluster workers on a real 3-node NATS JetStream cluster (issue 14): partitions leased in the key-value store,
+kill -9 of a worker and of a NATS node mid-stream, a worker added, and the releases against the replay."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stream.core.config import build_config, build_operator, load_config
+from stream.core.errors import ConfigFileError
+from stream.core.keys import derive_stream_key, load_master_key
+from tests.conftest import TEMPLATE, NatsCluster, wait_for, write_toml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(("doc", "line"), [
+    ({"input": {"source": "nats"}, "ticks": {"mode": "period"}},
+     '[input] source = "nats" releases one tick per reading ([ticks] mode = "reading")'),
+    ({"input": {"source": "nats"}, "streams": {"mode": "local"}, "local": {"streams": ["a"]}},
+     '[input] source = "nats" runs numeric central streams ([streams] kind = "numeric", mode = "central")'),
+    ({"input": {"source": "nats"}, "nats": {"output_subject": "tops.in"}},
+     "[nats] output_subject must differ from input_subject"),
+    ({"input": {"source": "nats"}, "nats": {"input_subject": "tops.*"}},
+     "[nats] input_subject must be a subject without wildcards (got 'tops.*')"),
+])
+def test_bad_cluster_configuration_gives_one_line_each(doc: dict, line: str) -> None:
+    doc = {"streams": {"template": dict(TEMPLATE)}, **doc}
+    doc["streams"] = {"template": dict(TEMPLATE), **doc["streams"]}
+    with pytest.raises(ConfigFileError) as err:
+        build_config(doc)
+    assert line in err.value.problems, err.value.problems
+    assert len(err.value.problems) == 1, err.value.problems
+
+
+def test_the_shipped_worker_configuration_is_valid() -> None:
+    cfg = load_config(ROOT / "deploy" / "nats" / "worker.toml")
+    assert cfg.input.source == "nats" and cfg.nats.partitions == 64
+
+
+def worker_config(tmp: Path, cluster: NatsCluster, name: str) -> Path:
+    return write_toml(tmp / f"{name}.toml", {
+        "input": {"source": "nats"},
+        "nats": {"servers": cluster.servers, "partitions": cluster.partitions, "worker": name, "lease_ttl": 5.0,
+                 "checkpoint_interval": 0.3, "fetch_batch": 200},
+        "streams": {"key_file": str(tmp / "master.key"), "template": dict(TEMPLATE)},
+        "metrics": {"port": 0},
+    })
+
+
+class Worker:
+    """A `tops run` cluster worker process."""
+
+    def __init__(self, cfg: Path, tmp: Path, name: str) -> None:
+        self.err = (tmp / f"{name}.err").open("wb")
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, "-m", "stream.cli", "run", "--config", str(cfg)], cwd=ROOT,
+                                     stdout=subprocess.DEVNULL, stderr=self.err)
+        self.path = tmp / f"{name}.err"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                return -9
+        return int(self.proc.returncode)
+
+    def log(self) -> str:
+        return self.path.read_text(errors="replace")
+
+
+class JetStreamFeeder(threading.Thread):
+    """Publishes every stream's readings in order through JetStream (each acknowledged: accepted), with the message
+    id ``<stream>:<i>`` so that a retry after a lost acknowledgement is dropped by the server."""
+
+    def __init__(self, servers: list[str], values: dict[str, np.ndarray], rate: float) -> None:
+        super().__init__(daemon=True)
+        self.servers, self.values, self.pause = servers, values, 1.0 / rate
+        self.sent = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+    async def _run(self) -> None:
+        import nats
+
+        nc = await nats.connect(servers=self.servers, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+        js = nc.jetstream(timeout=2.0)
+        n = max(len(v) for v in self.values.values())
+        for i in range(n):
+            for s, v in self.values.items():
+                if i >= len(v):
+                    continue
+                for _ in range(60):
+                    try:
+                        await js.publish(f"meters.{s}.reading", f"{float(v[i]):g}".encode(),
+                                         headers={"Nats-Msg-Id": f"{s}:{i}"})
+                        break
+                    except Exception:  # no leader for a moment (a node was killed): retry, same id
+                        await asyncio.sleep(0.2)
+                else:
+                    raise RuntimeError("a reading was never accepted")
+                self.sent += 1
+            await asyncio.sleep(self.pause)
+        await nc.close()
+
+
+async def _releases(servers: list[str]) -> dict[tuple[str, int], set[float]]:
+    """Every release in the output stream: (stream, tick) -> the values published for it (read message by message
+    with direct gets: no consumer to place on a cluster that just lost a node)."""
+    import nats
+    from nats.js.errors import NotFoundError
+
+    nc = await nats.connect(servers=servers)
+    js = nc.jetstream(timeout=5.0)
+    out: dict[tuple[str, int], set[float]] = {}
+    try:
+        info = await js.stream_info("TOPS_OUT")
+        seqs = list(range(info.state.first_seq, info.state.last_seq + 1))
+
+        async def get(seq: int) -> bytes | None:
+            try:
+                return (await js.get_msg("TOPS_OUT", seq)).data
+            except NotFoundError:
+                return None
+
+        for k in range(0, len(seqs), 200):
+            for data in await asyncio.gather(*(get(q) for q in seqs[k:k + 200])):
+                if data:
+                    r = json.loads(data)
+                    out.setdefault((r["stream"], r["tick"]), set()).add(r["value"])
+    finally:
+        await nc.close()
+    return out
+
+
+async def _identity(servers: list[str]) -> str:
+    import nats
+
+    nc = await nats.connect(servers=servers)
+    kv = await nc.jetstream().key_value("tops_meta")
+    ident = (await kv.get("identity")).value.decode()
+    await nc.close()
+    return ident
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_failover_of_a_worker_and_a_nats_node_never_noises_a_tick_twice(nats_cluster: NatsCluster,
+                                                                          tmp_path: Path) -> None:
+    """Three workers over 8 partitions; 24 streams x 150 readings through JetStream (and 2 streams over MQTT into the
+    NATS MQTT listener). Mid-stream: kill -9 one worker, kill -9 one NATS node, start a fourth worker. Every (stream,
+    tick) is released with exactly one value, that value is `tops replay`'s (the same operator, key and identity), and
+    every accepted reading is in: all ticks of every stream are there."""
+    (tmp_path / "master.key").write_text(os.urandom(32).hex() + "\n")
+    (tmp_path / "master.key").chmod(0o600)
+    rng = np.random.default_rng(14)
+    values = {f"m{i}": rng.integers(0, 120, 150).astype(float) for i in range(24)}
+    mqtt_values = {f"q{i}": rng.integers(0, 120, 80).astype(float) for i in range(2)}
+    cluster = nats_cluster
+    workers = [Worker(worker_config(tmp_path, cluster, f"w{i}"), tmp_path, f"w{i}") for i in range(3)]
+    feeder = JetStreamFeeder(cluster.servers[:2], values, rate=40)
+    try:
+        time.sleep(2.0)  # the workers create the streams and take their partitions
+        for s, v in mqtt_values.items():
+            r = subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(cluster.mqtt_port), "-q", "1",
+                                "-t", f"meters/{s}/reading", "-l"], input="".join(f"{x:g}\n" for x in v).encode(),
+                               capture_output=True, timeout=60, check=False)
+            assert r.returncode == 0, r.stderr.decode()
+        feeder.start()
+        time.sleep(1.0)
+        workers[0].kill()  # kill -9 a worker mid-stream
+        time.sleep(1.0)
+        cluster.nodes[2].kill()  # kill -9 a NATS node mid-stream
+        time.sleep(1.0)
+        workers.append(Worker(worker_config(tmp_path, cluster, "w3"), tmp_path, "w3"))  # a worker joins
+        feeder.join(120)
+        assert not feeder.is_alive() and feeder.error is None, feeder.error
+        everything = {**values, **mqtt_values}
+        want = sum(len(v) - TEMPLATE["holdout"] for v in everything.values())
+        servers = cluster.servers[:2]
+        try:
+            wait_for(lambda: len(asyncio.run(_releases(servers))) >= want, 90, interval=2.0, what="every release")
+        finally:
+            got = asyncio.run(_releases(servers))
+            short = {s: len(v) - TEMPLATE["holdout"] - sum(1 for (n, _) in got if n == s)
+                     for s, v in everything.items()}
+            print("missing releases per stream:", {s: k for s, k in short.items() if k})
+        identity = asyncio.run(_identity(servers))
+
+        def view() -> dict:
+            r = subprocess.run([sys.executable, "-m", "stream.cli", "cluster", "--config", str(tmp_path / "w1.toml"),
+                                "--json"], cwd=ROOT, capture_output=True, timeout=60, check=False)
+            assert r.returncode == 0, r.stderr.decode()
+            return json.loads(r.stdout)
+
+        # `tops cluster`: every partition owned by a live worker, nothing left behind its floor
+        wait_for(lambda: all(p["owner"] in {"w1", "w2", "w3"} and p["lag"] == 0 for p in view()["partitions"]),
+                 60, interval=1.0, what="tops cluster: all partitions owned, no lag")
+    finally:
+        codes = [w.stop() for w in workers[1:]]
+        workers[0].kill()
+    assert codes == [0, 0, 0], [w.log()[-3000:] for w in workers]
+    for w in workers:
+        assert "Traceback" not in w.log(), w.log()[-3000:]
+    twice = {k: v for k, v in got.items() if len(v) > 1}
+    assert not twice, f"(stream, tick) with two values: {sorted(twice)[:5]}"
+    cfg = load_config(worker_config(tmp_path, cluster, "check"))
+    master = load_master_key(tmp_path / "master.key")
+    for s, v in everything.items():
+        op = build_operator(cfg.template, "tops", derive_stream_key(master, s, identity=identity))
+        expected = op.process(v)
+        want_ticks = {t: float(x) for t, x in enumerate(expected) if not np.isnan(x)}
+        have = {t: next(iter(vals)) for (name, t), vals in got.items() if name == s}
+        assert sorted(have) == sorted(want_ticks), f"stream {s}: ticks differ from the replay"
+        assert all(have[t] == want_ticks[t] for t in want_ticks), f"stream {s}: values differ from the replay"
+    assert "handed back" in "".join(w.log() for w in workers[1:3]) or "taken" in workers[3].log()
+
+
+@pytest.mark.network
+def test_a_worker_that_lost_its_lease_writes_and_publishes_nothing_more(nats_cluster: NatsCluster,
+                                                                         tmp_path: Path) -> None:
+    """The attack: worker A owns the partition and is paused (its lease expires); B takes the partition. A wakes up
+    with readings it fetched before: its fetch from its own consumer fails (B deleted it), its lease renewal is
+    refused, and it drops the partition without one more state write or release. B continues from the checkpoint:
+    every tick once, equal to the replay."""
+    from stream.cluster.worker import ClusterWorker
+
+    (tmp_path / "master.key").write_text(os.urandom(32).hex() + "\n")
+    (tmp_path / "master.key").chmod(0o600)
+    cfg = load_config(worker_config(tmp_path, nats_cluster, "a"))
+    cfg.nats.values["partitions"] = 1
+    master = load_master_key(tmp_path / "master.key")
+    values = np.random.default_rng(3).integers(0, 120, 90).astype(float)
+
+    async def scenario() -> tuple[int, int, dict[tuple[str, int], set[float]], str]:
+        import nats
+
+        a, b = ClusterWorker(cfg, master, name="a"), ClusterWorker(cfg, master, name="b")
+        for w in (a, b):
+            w.nc = await nats.connect(servers=nats_cluster.servers)
+            w.js = w.nc.jetstream(timeout=5.0)
+            from stream.cluster.jetstream import ensure
+
+            w.kv = await ensure(w.js, w.names)
+            await w._identity()
+        pub = await nats.connect(servers=nats_cluster.servers)
+        pjs = pub.jetstream()
+
+        async def feed(vals: np.ndarray, first: int) -> None:
+            for i, v in enumerate(vals):
+                await pjs.publish(f"{cfg.nats.input_subject}.0.x", f"{v:g}".encode(),
+                                  headers={"Nats-Msg-Id": f"x:{first + i}"})
+
+        await a._acquire(0)
+        await feed(values[:60], 0)
+        while a.owned[0].applied < 60:
+            await a._step()
+        await a._maintain(0.0)  # releases 0..9 published, state and floor written
+        out_before = (await a.js.stream_info("TOPS_OUT")).state.messages
+        # A is paused: its lease expires (deleted here rather than waited for) and B takes the partition
+        await b.kv["leases"].delete("p.0")
+        await b._acquire(0)
+        await feed(values[60:], 60)
+        a_fetched = await a._step()  # A, awake: its consumer is gone
+        await a._maintain(0.0)  # its renewal is refused: fenced
+        out_after_a = (await a.js.stream_info("TOPS_OUT")).state.messages
+        lost = int(a.m_fenced._value.get())
+        while b.owned[0].applied < 90:
+            await b._step()
+        await b._maintain(0.0)
+        for w in (a, b):
+            await w.nc.close()
+        await pub.close()
+        got = await _releases(nats_cluster.servers)
+        ident = await _identity(nats_cluster.servers)
+        return a_fetched, out_after_a - out_before, got, ident if lost == 1 else ""
+
+    a_fetched, a_published, got, identity = asyncio.run(scenario())
+    assert identity, "A was not fenced"
+    assert a_fetched == 0 and a_published == 0
+    op = build_operator(cfg.template, "tops", derive_stream_key(master, "x", identity=identity))
+    want = {t: float(x) for t, x in enumerate(op.process(values)) if not np.isnan(x)}
+    assert {t: vals for (s, t), vals in got.items() if s == "x"} == {t: {v} for t, v in want.items()}
