@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stream.commands.compare_categorical",
         "frequency oracles and central histograms on the commuting stand-in (seed 004's experiments): CSV",
     ),
+    "compare-ranges": (
+        "stream.commands.compare_ranges",
+        "range counting and count-of-counts as seeds 000 and 002 measure them (the thesis's flawed variants labelled)",
+    ),
     "cluster": (
         "stream.commands.cluster_cmd",
         "read-only: the NATS cluster's partitions, their owners and lag, the live workers",
