@@ -19,7 +19,7 @@ import pytest
 from stream.core.config import build_config, build_operator, load_config
 from stream.core.errors import ConfigFileError
 from stream.core.keys import derive_stream_key, load_master_key
-from tests.conftest import TEMPLATE, NatsCluster, wait_for, write_toml
+from tests.conftest import NATS_SERVER, TEMPLATE, NatsCluster, wait_for, write_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -304,3 +304,73 @@ def test_a_worker_that_lost_its_lease_writes_and_publishes_nothing_more(nats_clu
     op = build_operator(cfg.template, "tops", derive_stream_key(master, "x", identity=identity))
     want = {t: float(x) for t, x in enumerate(op.process(values)) if not np.isnan(x)}
     assert {t: vals for (s, t), vals in got.items() if s == "x"} == {t: {v} for t, v in want.items()}
+
+
+def test_the_shipped_node_configurations_are_the_template_for_three_hosts() -> None:
+    """deploy/nats/nats1..3.conf are nats-node.conf for hosts nats1..3 with 64 partitions (the worker.toml's P), and
+    nats-server accepts each."""
+    from string import Template
+
+    d = ROOT / "deploy" / "nats"
+    body = (d / "nats-node.conf").read_text().split("\n", 3)[3]
+    for i in (1, 2, 3):
+        text = (d / f"nats{i}.conf").read_text()
+        want = Template(body).substitute(NAME=f"nats{i}", HOST="0.0.0.0", CLIENT_PORT=4222, CLUSTER_PORT=6222,  # noqa: S104
+                                         MQTT_PORT=1883, STORE="/var/lib/nats/jetstream", PARTITIONS=64,
+                                         ROUTES=", ".join(f"nats-route://nats{k}:6222" for k in (1, 2, 3)))
+        assert text.split("\n", 1)[1] == want
+        if Path(NATS_SERVER).exists():
+            r = subprocess.run([NATS_SERVER, "-c", str(d / f"nats{i}.conf"), "-t"], capture_output=True, timeout=30,
+                               check=False)
+            assert r.returncode == 0, r.stderr.decode()
+    assert load_config(d / "worker.toml").nats.partitions == 64
+
+
+@pytest.mark.network
+def test_a_paused_worker_does_not_publish_what_it_processed_before_losing_its_lease(nats_cluster: NatsCluster,
+                                                                                    tmp_path: Path) -> None:
+    """The attack: worker A fetched and processed readings, then paused before publishing their releases (its
+    lease expired meanwhile and B took the partition). Awake, A must not publish them: its lease is older than half
+    its life, the renewal is refused, and the partition is dropped with its pending releases."""
+    import nats
+
+    from stream.cluster.jetstream import ensure
+    from stream.cluster.worker import ClusterWorker
+
+    (tmp_path / "master.key").write_text(os.urandom(32).hex() + "\n")
+    (tmp_path / "master.key").chmod(0o600)
+    cfg = load_config(worker_config(tmp_path, nats_cluster, "a"))
+    cfg.nats.values["partitions"] = 1
+    master = load_master_key(tmp_path / "master.key")
+
+    async def scenario() -> tuple[int, int, int]:
+        a, b = ClusterWorker(cfg, master, name="a"), ClusterWorker(cfg, master, name="b")
+        for w in (a, b):
+            w.nc = await nats.connect(servers=nats_cluster.servers)
+            w.js = w.nc.jetstream(timeout=5.0)
+            w.kv = await ensure(w.js, w.names)
+            await w._identity()
+        pjs = a.nc.jetstream()
+        await a._acquire(0)
+        for i in range(70):
+            await pjs.publish(f"{cfg.nats.input_subject}.0.x", f"{i % 90}".encode(), headers={"Nats-Msg-Id": f"x:{i}"})
+        part = a.owned[0]
+        taken = 0
+        while taken < 70:  # fetched and processed, not published
+            msgs = await part.sub.fetch(70 - taken, timeout=2)
+            await a._take(part, msgs)
+            taken += len(msgs)
+        part.renewed -= 2 * a.names.lease_ttl  # paused that long
+        await b.kv["leases"].delete("p.0")  # its lease expired
+        await b._acquire(0)
+        before = (await a.js.stream_info("TOPS_OUT")).state.messages
+        await a._fresh_leases()
+        await a._publish()
+        after = (await a.js.stream_info("TOPS_OUT")).state.messages
+        for w in (a, b):
+            await w.nc.close()
+        return after - before, len(a.owned), taken
+
+    published, owned, taken = asyncio.run(scenario())
+    assert taken == 70
+    assert published == 0 and owned == 0

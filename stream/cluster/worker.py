@@ -382,9 +382,27 @@ class ClusterWorker:
             await self._take(part, msgs)
             n += len(msgs)
         if n:
+            await self._fresh_leases()
             await self._publish()
         self.router.status_now.clear()  # no status messages in a cluster: releases only
         return n
+
+    async def _fresh_leases(self) -> None:
+        """No release leaves for a partition whose lease was not renewed within half its life (a worker paused
+        longer renews first, and drops the partition without publishing if the renewal is refused). What remains,
+        a pause between this check and the publish, can only repeat bytes the new owner makes too (same message id)."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        now = time.monotonic()
+        for part in list(self.owned.values()):
+            if now - part.renewed <= self.names.lease_ttl / 2:
+                continue
+            try:
+                part.lease_rev = await self.kv["leases"].update(lease_key(part.index), self.name.encode(),
+                                                                last=part.lease_rev)
+                part.renewed = now
+            except KeyWrongLastSequenceError:
+                await self._drop(part, hand_back=False)
 
     async def _maintain(self, last_checkpoint: float) -> float:
         now = time.monotonic()
