@@ -19,7 +19,7 @@ import pytest
 from stream.core.config import build_config, build_operator, load_config
 from stream.core.errors import ConfigFileError
 from stream.core.keys import derive_stream_key, load_master_key
-from tests.conftest import NATS_SERVER, TEMPLATE, NatsCluster, wait_for, write_toml
+from tests.conftest import NATS_SERVER, TEMPLATE, NatsCluster, free_port, scrape, wait_for, write_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,13 +48,13 @@ def test_the_shipped_worker_configuration_is_valid() -> None:
     assert cfg.input.source == "nats" and cfg.nats.partitions == 64
 
 
-def worker_config(tmp: Path, cluster: NatsCluster, name: str) -> Path:
+def worker_config(tmp: Path, cluster: NatsCluster, name: str, metrics_port: int = 0) -> Path:
     return write_toml(tmp / f"{name}.toml", {
         "input": {"source": "nats"},
         "nats": {"servers": cluster.servers, "partitions": cluster.partitions, "worker": name, "lease_ttl": 5.0,
                  "checkpoint_interval": 0.3, "fetch_batch": 200},
         "streams": {"key_file": str(tmp / "master.key"), "template": dict(TEMPLATE)},
-        "metrics": {"port": 0},
+        "metrics": {"port": metrics_port},
     })
 
 
@@ -180,7 +180,9 @@ def test_failover_of_a_worker_and_a_nats_node_never_noises_a_tick_twice(nats_clu
     values = {f"m{i}": rng.integers(0, 120, 150).astype(float) for i in range(24)}
     mqtt_values = {f"q{i}": rng.integers(0, 120, 80).astype(float) for i in range(2)}
     cluster = nats_cluster
-    workers = [Worker(worker_config(tmp_path, cluster, f"w{i}"), tmp_path, f"w{i}") for i in range(3)]
+    mport = free_port()
+    workers = [Worker(worker_config(tmp_path, cluster, f"w{i}", mport if i == 1 else 0), tmp_path, f"w{i}")
+               for i in range(3)]
     feeder = JetStreamFeeder(cluster.servers[:2], values, rate=40)
     try:
         time.sleep(2.0)  # the workers create the streams and take their partitions
@@ -216,6 +218,8 @@ def test_failover_of_a_worker_and_a_nats_node_never_noises_a_tick_twice(nats_clu
             assert r.returncode == 0, r.stderr.decode()
             return json.loads(r.stdout)
 
+        m = scrape(mport)  # a worker's Prometheus endpoint (deploy/tops.rules.yml alerts on these)
+        assert m["tops_cluster_releases_total"] > 0 and "tops_cluster_partitions_owned" in m
         # `tops cluster`: every partition owned by a live worker, nothing left behind its floor
         wait_for(lambda: all(p["owner"] in {"w1", "w2", "w3"} and p["lag"] == 0 for p in view()["partitions"]),
                  60, interval=1.0, what="tops cluster: all partitions owned, no lag")

@@ -54,7 +54,7 @@ def test_promtool_accepts_the_scrape_config_and_the_rules_and_their_tests() -> N
     r = _run([PROMTOOL, "check", "config", "prometheus.yml"], cwd=DEPLOY)
     assert r.returncode == 0, r.stdout + r.stderr
     r = _run([PROMTOOL, "check", "rules", "tops.rules.yml"], cwd=DEPLOY)
-    assert r.returncode == 0 and "5 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "7 rules found" in r.stdout, r.stdout + r.stderr
     r = _run([PROMTOOL, "test", "rules", "tops.rules.test.yml"], cwd=DEPLOY)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
 
@@ -81,8 +81,26 @@ def test_every_metric_the_rules_use_is_exported(mosquitto, tmp_path: Path) -> No
         assert daemon.stop() == 0
     finally:
         daemon.kill()
-    used = set(re.findall(r"\b(tops_[a-z_]+)", (DEPLOY / "tops.rules.yml").read_text()))
+    rules = (DEPLOY / "tops.rules.yml").read_text()
+    daemon_rules, cluster_rules = rules.split("- name: tops-cluster")
+    used = set(re.findall(r"\b(tops_[a-z_]+)", daemon_rules))
     assert used and used <= exported, used - exported
+    # the cluster group's metrics are a worker's (its own registry, served on [metrics] port)
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from stream.cluster.worker import ClusterWorker
+    from stream.core.config import build_config
+
+    cfg = build_config({"input": {"source": "nats"}, "streams": {"template": {"epsilon": 1.0, "bound": 10.0}}})
+    worker = ClusterWorker(cfg, bytes(32), name="w")
+    worker.m_partitions.set(1)
+    for result in ("ok",):
+        worker.m_readings.labels(result).inc()
+    text = generate_latest(worker.registry).decode()
+    by_worker = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    used = set(re.findall(r"\b(tops_[a-z_]+)", cluster_rules))
+    assert used and used <= by_worker, used - by_worker
 
 
 def test_install_script_makes_a_working_tree(tmp_path: Path) -> None:
