@@ -83,6 +83,9 @@ def check_holdout(value: Any, theta: Any) -> None:
         raise ConfigError(msg)
 
 
+_AS_DICT: dict[Any, dict[str, Any]] = {}  # ToPSConfig -> its dict (configurations are few and immutable)
+
+
 @dataclass(frozen=True, slots=True)
 class ToPSConfig:
     """Parameters of one ToPS stream (seed 001, Algorithm 1 and Sections 3.3-3.6).
@@ -228,5 +231,11 @@ class ToPSConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """The parameters as a plain dict (JSON-serialisable)."""
-        return dataclasses.asdict(self)
+        """The parameters as a plain dict (JSON-serialisable); computed once per distinct configuration (every
+        stream's snapshot carries it: ``dataclasses.asdict`` was 95% of a checkpoint's snapshot time)."""
+        d = _AS_DICT.get(self)
+        if d is None:
+            d = dataclasses.asdict(self)
+            if len(_AS_DICT) < 1024:
+                _AS_DICT[self] = d
+        return dict(d)
