@@ -2,15 +2,18 @@
 
 Seed 001's perturber with the Recent smoother (Algorithm 1, Appendix D) needs, per stream and between readings, only
 a handful of numbers: theta, the leaf width ``w = b^s``, the open leaf's position and truncated sum, the current
-prediction, and the consistent noise of the next leaves. :class:`ColumnarRelease` keeps those as arrays, a stream is
-a row, and :func:`operators._columnar_kernel.release_batch` runs a batch of ``(row, value)`` pairs of many streams in
-one compiled loop. The noise stays what ToPS draws: the row's own :class:`~operators.hierarchy.ConsistentNoise`
-walk, keyed by the stream's ChaCha20 generator, produces the consistent noise of ``ahead`` leaves at a time into
-the row's buffer (drawn ahead, never redrawn). Every release is bit-identical to :meth:`operators.tops.ToPS.process`
-on the same stream (tested on interleaved streams across refills and tree roll-overs).
+prediction, the position of the noise walk, and the consistent noise of the next leaves. :class:`ColumnarRelease`
+keeps those as arrays (no Python object per stream), a stream is a row, and
+:func:`operators._columnar_kernel.release_batch` runs a batch of ``(row, value)`` pairs of many streams in one
+compiled loop. The noise stays what ToPS draws: when a row has used its noise drawn ahead, a
+:class:`~operators.hierarchy.ConsistentNoise` walk is rebuilt from the row's key at the row's position (the current
+tree's top regenerated from the key, never redrawn, as a restore does) and produces the consistent noise of the
+next ``ahead`` leaves. Every release is bit-identical to :meth:`operators.tops.ToPS.process` on the same stream
+(tested on interleaved streams across refills and tree roll-overs).
 
-:meth:`ColumnarRelease.operator` writes a row's state back into its ToPS object (the walk set to the leaves
-actually used, the drawn-ahead rest regenerated later from the key), so its snapshot and restore are ToPS's own.
+:meth:`ColumnarRelease.snapshot` gives a row's state as ToPS's own snapshot (the same dict, so checkpoints and
+``tops replay`` are unchanged) and :meth:`ColumnarRelease.operator` a ToPS object continuing it.
+:class:`RowOperator` is a row seen as an operator (what the daemon's router holds for a releasing stream).
 
 >>> import numpy as np
 >>> from operators.tops import ToPS
@@ -28,16 +31,25 @@ True
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from operators.tops import ToPS
+from operators.config import ToPSConfig
+from operators.hierarchy import ConsistentNoise
+from operators.noise import DiscreteLaplace, KeyedGenerator
+from operators.tops import _SNAPSHOT_VERSION, ToPS
 
-__all__ = ["ColumnarRelease", "columnar_eligible"]
+__all__ = ["ColumnarRelease", "RowOperator", "columnar_eligible"]
+
+_INT_COLUMNS = ("theta", "width", "pos", "leaf_sum", "ticks", "clamped", "bound_units", "head", "avail", "drawn")
+_FLOAT_COLUMNS = ("pred", "bound", "resolution", "u0")
+_KEY_BYTES = 32
 
 
-def columnar_eligible(op: ToPS) -> bool:
-    """Whether a ToPS stream can be a row: releasing, the Recent smoother, no lower bound."""
-    return (isinstance(op, ToPS) and op.phase == "releasing" and op.config.smoother == "recent"
+def columnar_eligible(op: Any) -> bool:
+    """Whether a stream can be a row: a releasing ToPS stream with the Recent smoother and no lower bound."""
+    return (type(op) is ToPS and op.phase == "releasing" and op.config.smoother == "recent"
             and op.config.lower == 0)
 
 
@@ -49,61 +61,102 @@ class ColumnarRelease:
             msg = "capacity and ahead must be at least 1"
             raise ValueError(msg)
         self.ahead = ahead
-        self.rows = 0
-        self._ops: list[ToPS] = []
+        self.rows = 0  # rows ever handed out (the high-water mark); freed ones are reused first
+        self.capacity = 0
+        self.configs: list[ToPSConfig] = []
+        self._config_index: dict[ToPSConfig, int] = {}
+        self._free: list[int] = []
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
-        def grow(old: np.ndarray | None, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
-            new = np.zeros(shape, dtype=dtype)
-            if old is not None:
-                new[: old.shape[0]] = old
-            return new
+        old = self.capacity
 
-        old = getattr(self, "theta", None) is not None
-        g = (lambda name: getattr(self, name)) if old else (lambda name: None)
-        for name in ("theta", "width", "pos", "leaf_sum", "ticks", "clamped", "bound_units", "head", "avail",
-                     "drawn"):
-            setattr(self, name, grow(g(name), np.int64, (capacity,)))
-        for name in ("pred", "bound", "resolution"):
-            setattr(self, name, grow(g(name), np.float64, (capacity,)))
-        self.noise = grow(g("noise"), np.float64, (capacity, self.ahead))
+        def grow(name: str, dtype: Any, shape: tuple[int, ...]) -> None:
+            new = np.zeros(shape, dtype=dtype)
+            if old:
+                new[:old] = getattr(self, name)
+            setattr(self, name, new)
+
+        for name in _INT_COLUMNS:
+            grow(name, np.int64, (capacity,))
+        for name in _FLOAT_COLUMNS:
+            grow(name, np.float64, (capacity,))
+        grow("layers_kept", np.int16, (capacity,))  # s, the smoother's layers (the tree keeps h - s)
+        grow("config", np.int32, (capacity,))
+        grow("key", np.uint8, (capacity, _KEY_BYTES))
+        grow("noise", np.float64, (capacity, self.ahead))
         self.capacity = capacity
 
-    def nbytes(self) -> int:
-        """Bytes of the columns per row (the walks' own O(b h) state is in the ToPS objects)."""
-        return 13 * 8 + 8 * self.ahead
+    def row_nbytes(self) -> int:
+        """Bytes of the columns per row: the whole state of a releasing stream."""
+        return 8 * (len(_INT_COLUMNS) + len(_FLOAT_COLUMNS) + self.ahead) + 2 + 4 + _KEY_BYTES
+
+    def __len__(self) -> int:
+        """Rows in use."""
+        return self.rows - len(self._free)
 
     def add(self, op: ToPS) -> int:
-        """Make a releasing ToPS stream a row (its later readings must all go through this store until
-        :meth:`operator` gives it back)."""
+        """Make a releasing ToPS stream a row; from then on its readings go through this store (``op`` is no longer
+        needed: :meth:`operator` gives a new object continuing the row)."""
         if not columnar_eligible(op):
             msg = "only releasing ToPS streams with the recent smoother and lower = 0 become rows"
             raise ValueError(msg)
-        if self.rows == self.capacity:
-            self._alloc(2 * self.capacity)
-        r = self.rows
-        st, cfg = op._smoother, op.config
+        if self._free:
+            r = self._free.pop()
+        else:
+            if self.rows == self.capacity:
+                self._alloc(2 * self.capacity)
+            r = self.rows
+            self.rows += 1
+        st, cfg, walk = op._smoother, op.config, op._noise
+        ci = self._config_index.get(cfg)
+        if ci is None:
+            ci = self._config_index[cfg] = len(self.configs)
+            self.configs.append(cfg)
+        self.config[r] = ci
+        self.key[r] = np.frombuffer(op._gen._key, dtype=np.uint8)
         self.theta[r] = op.theta_units
+        self.layers_kept[r] = op.smoother_layers
         self.width[r] = st.leaf_ticks
         self.pos[r] = st.pos
         self.leaf_sum[r] = st.leaf_sum
         self.pred[r] = st.pred
+        self.u0[r] = st.total  # the Recent smoother's prior u_0 (its snapshot carries it)
         self.ticks[r] = op.ticks
         self.clamped[r] = op.clamped
         self.bound[r] = cfg.bound
         self.bound_units[r] = op._bound_units
         self.resolution[r] = cfg.resolution
         self.head[r] = self.avail[r] = 0
-        self.drawn[r] = op._noise.tree * op._noise.leaves_per_tree + op._noise.leaf  # leaves the walk has produced
-        self._ops.append(op)
-        self.rows += 1
+        self.drawn[r] = walk.tree * walk.leaves_per_tree + walk.leaf  # leaves the walk has produced
         return r
 
+    def release(self, r: int) -> None:
+        """Free row ``r`` (its stream left memory); its key is wiped."""
+        self.key[r] = 0
+        self.avail[r] = self.head[r] = 0
+        self._free.append(r)
+
+    def _walk(self, r: int, leaves: int) -> ConsistentNoise:
+        """Row ``r``'s noise walk positioned after ``leaves`` leaves (its tree's top regenerated from the key)."""
+        cfg = self.configs[int(self.config[r])]
+        layers = cfg.height - int(self.layers_kept[r])
+        walk = ConsistentNoise(
+            KeyedGenerator(self.key[r].tobytes()),
+            fanout=cfg.fanout,
+            layers=layers,
+            top_nodes=cfg.query_range // cfg.fanout ** (cfg.height - 1),
+            noise=DiscreteLaplace(epsilon=cfg.epsilon / layers, sensitivity=int(self.theta[r])),
+        )
+        tree, leaf = divmod(leaves, walk.leaves_per_tree)
+        if leaf == 0 and tree > 0:  # the end of a tree, as the walk itself records it
+            tree, leaf = tree - 1, walk.leaves_per_tree
+        walk.tree, walk.leaf = tree, leaf
+        return walk
+
     def _refill(self, r: int) -> None:
-        walk = self._ops[r]._noise
         k = self.ahead
-        self.noise[r, :k] = walk.next_leaves(k)
+        self.noise[r, :k] = self._walk(r, int(self.drawn[r])).next_leaves(k)
         self.drawn[r] += k
         self.head[r] = 0
         self.avail[r] = k
@@ -133,22 +186,91 @@ class ColumnarRelease:
                 self._refill(int(rows[i]))
         return out
 
-    def operator(self, r: int) -> ToPS:
-        """Row ``r``'s ToPS object with the row's state written back (for a snapshot, or to continue it alone)."""
-        op = self._ops[r]
-        st = op._smoother
-        st.pos, st.leaf_sum, st.pred = int(self.pos[r]), int(self.leaf_sum[r]), float(self.pred[r])
-        op.ticks, op.clamped = int(self.ticks[r]), int(self.clamped[r])
-        walk = op._noise
+    def snapshot(self, r: int) -> dict[str, Any]:
+        """Row ``r``'s state as :meth:`ToPS.snapshot` writes it (the same dict for the same stream)."""
+        cfg = self.configs[int(self.config[r])]
         used = int(self.drawn[r] - self.avail[r])  # leaves whose noise a release used
-        if used != walk.tree * walk.leaves_per_tree + walk.leaf:
-            tree, leaf = divmod(used, walk.leaves_per_tree)
-            if leaf == 0 and tree > 0:  # the end of a tree, as the walk itself records it
-                tree, leaf = tree - 1, walk.leaves_per_tree
-            if tree != walk.tree:
-                walk._invalidate()  # another tree: its top is regenerated from the key at the next leaf
-            walk.tree, walk.leaf = tree, leaf  # within a tree the cached path is re-entered by index
-            self.drawn[r] = used
-            self.avail[r] = 0
-            self.head[r] = 0
-        return op
+        leaves_per_tree = cfg.fanout ** (cfg.height - int(self.layers_kept[r]) - 1) * (
+            cfg.query_range // cfg.fanout ** (cfg.height - 1))
+        tree, leaf = divmod(used, leaves_per_tree)
+        if leaf == 0 and tree > 0:
+            tree, leaf = tree - 1, leaves_per_tree
+        return {
+            "version": _SNAPSHOT_VERSION,
+            "config": cfg.to_dict(),
+            "ticks": int(self.ticks[r]),
+            "clamped": int(self.clamped[r]),
+            "theta_units": int(self.theta[r]),
+            "smoother_layers": int(self.layers_kept[r]),
+            "walk": {"tree": tree, "leaf": leaf},
+            "smoother": {"pred": float(self.pred[r]), "pos": int(self.pos[r]), "leaf_sum": int(self.leaf_sum[r]),
+                         "total": float(self.u0[r]), "count": 1, "history": []},
+        }
+
+    def operator(self, r: int) -> ToPS:
+        """A ToPS object continuing row ``r`` (restored from :meth:`snapshot` and the row's key)."""
+        return ToPS.restore(self.configs[int(self.config[r])], self.key[r].tobytes(), self.snapshot(r))
+
+
+class RowOperator:
+    """A row of a :class:`ColumnarRelease` seen as a releasing ToPS operator: ``process``, ``process_one``,
+    ``snapshot`` and the public state the daemon reads (``phase``, ``theta``, ``config``, ...)."""
+
+    __slots__ = ("pool", "row")
+    phase = "releasing"
+    holdout_left = 0
+
+    def __init__(self, pool: ColumnarRelease, row: int) -> None:
+        self.pool = pool
+        self.row = row
+
+    def __repr__(self) -> str:
+        return f"RowOperator(row={self.row}, theta={self.theta!r}, key=<secret>)"
+
+    @property
+    def config(self) -> ToPSConfig:
+        return self.pool.configs[int(self.pool.config[self.row])]
+
+    @property
+    def theta_units(self) -> int:
+        return int(self.pool.theta[self.row])
+
+    @property
+    def theta(self) -> float:
+        """As :attr:`ToPS.theta` (``lower`` is 0 for a row)."""
+        cfg = self.config
+        return cfg.lower + self.theta_units * cfg.resolution
+
+    @property
+    def smoother_layers(self) -> int:
+        return int(self.pool.layers_kept[self.row])
+
+    @property
+    def ticks(self) -> int:
+        return int(self.pool.ticks[self.row])
+
+    @property
+    def clamped(self) -> int:
+        return int(self.pool.clamped[self.row])
+
+    def process(self, values: Any) -> np.ndarray:
+        v = np.asarray(values, dtype=np.float64).reshape(-1)
+        return self.pool.process(np.full(v.size, self.row, dtype=np.int64), v)
+
+    def process_one(self, value: float) -> float:
+        return float(self.process(np.array([float(value)]))[0])
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.pool.snapshot(self.row)
+
+    def state_nbytes(self) -> int:
+        return self.pool.row_nbytes()
+
+    @classmethod
+    def restore(cls, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> ToPS:
+        """A ToPS object from a snapshot (rows are made from ToPS objects by the pool that holds them)."""
+        return ToPS.restore(config, key, snapshot)
+
+    def free(self) -> None:
+        """Give the row back to its pool (the stream left memory)."""
+        self.pool.release(self.row)

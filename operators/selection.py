@@ -68,6 +68,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -189,17 +190,40 @@ def noise_constant(fanout: int, query_range: int, s: int) -> float:
     return 2.0 * layers**2 * noise_gain(fanout, query_range, s)
 
 
+@functools.cache
+def _caps(top: int) -> np.ndarray:
+    """The caps ``2^0 .. 2^top`` (one read-only array shared by every stream with this bound)."""
+    caps = np.array([2**k for k in range(top + 1)], dtype=np.int64)
+    caps.flags.writeable = False
+    return caps
+
+
+@functools.cache
+def _no_blocks(n_caps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Empty, read-only block statistics (no width fits the holdout), shared."""
+    out = (np.zeros((0, n_caps), dtype=np.int64), np.full((0, n_caps), -1, dtype=np.int64),
+           np.zeros((0, n_caps), dtype=np.float64), np.zeros(0, dtype=np.int64))
+    for a in out:
+        a.flags.writeable = False
+    return out
+
+
 class BlockStats:
     """Sufficient statistics of the holdout for ``E|dS_w|``: per leaf width and per cap ``2^k``, the partial sum
     of the current block, the previous block's sum and the sum of absolute differences (O(widths * caps) numbers)."""
+
+    __slots__ = ("acc", "caps", "pairs", "partial", "pos", "prev", "widths")
 
     def __init__(self, fanout: int, holdout: int, bound_units: int, query_range: int) -> None:
         h = tree_height(query_range, fanout)
         self.widths = [fanout**s for s in range(1, h) if 2 * fanout**s <= holdout]
         top = max(0, math.floor(math.log2(max(bound_units, 1))))
-        self.caps = np.array([2**k for k in range(top + 1)], dtype=np.int64)
-        shape = (len(self.widths), len(self.caps))
+        self.caps = _caps(top)
         self.pos = 0
+        if not self.widths:  # a holdout too short for any block: nothing to keep (shared, read-only empties)
+            self.partial, self.prev, self.acc, self.pairs = _no_blocks(len(self.caps))
+            return
+        shape = (len(self.widths), len(self.caps))
         self.partial = np.zeros(shape, dtype=np.int64)
         self.prev = np.full(shape, -1, dtype=np.int64)
         self.acc = np.zeros(shape, dtype=np.float64)

@@ -60,6 +60,10 @@ class ToPS:
     without any secret; ``ToPS.restore(config, key, snapshot)`` continues exactly where it left off.
     """
 
+    # no instance dict: a daemon holds one of these per stream in its holdout (issue 13)
+    __slots__ = ("_blocks", "_bound_units", "_candidates", "_gen", "_hist", "_noise", "_pending", "_smoother",
+                 "clamped", "config", "smoother_layers", "start_units", "theta_units", "ticks")
+
     def __init__(self, config: ToPSConfig, key: bytes, *, start: float | None = None) -> None:
         self.config = config
         self._gen = KeyedGenerator(key)

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from operators.columnar import ColumnarRelease, columnar_eligible
+from operators.columnar import ColumnarRelease, RowOperator, columnar_eligible
 from operators.config import ToPSConfig
 from operators.tops import ToPS
 
@@ -92,3 +92,58 @@ def test_only_releasing_recent_streams_become_rows_and_bad_input_is_refused() ->
         cols.process(np.array([r + 1]), np.array([1.0]))
     with pytest.raises(ValueError, match="finite"):
         cols.process(np.array([r]), np.array([np.nan]))
+
+
+@pytest.mark.parametrize("cut", [1, 5, 16, 17, 63, 64, 65, 300])
+def test_a_row_snapshots_as_tops_does(cut: int) -> None:
+    """The row's snapshot is ToPS's own dict at any point: inside a leaf, at a leaf's end, at a tree's end."""
+    rng = np.random.default_rng(cut)
+    for cfg in CONFIGS:
+        key = rng.bytes(32)
+        values = rng.uniform(-3, cfg.bound + 5, 400 + cfg.holdout)
+        op, rest = _released(cfg, key, values)
+        ref, _ = _released(cfg, key, values)
+        cols = ColumnarRelease(capacity=1, ahead=4)
+        r = cols.add(op)
+        cols.process(np.full(cut, r), rest[:cut])
+        ref.process(rest[:cut])
+        assert cols.snapshot(r) == ref.snapshot()
+        assert json.loads(json.dumps(cols.snapshot(r))) == cols.snapshot(r)
+
+
+def test_freed_rows_are_wiped_and_reused_by_other_streams() -> None:
+    rng = np.random.default_rng(3)
+    cfg = CONFIGS[1]
+    cols = ColumnarRelease(capacity=2, ahead=4)
+    keys = [rng.bytes(32) for _ in range(3)]
+    values = rng.uniform(0, 50, 200)
+    a = cols.add(ToPS(cfg, keys[0]))
+    b = cols.add(ToPS(cfg, keys[1]))
+    cols.process(np.full(50, a), values[:50])
+    cols.release(a)
+    assert not cols.key[a].any() and len(cols) == 1
+    c = cols.add(ToPS(cfg, keys[2]))  # takes the freed row
+    assert c == a and cols.rows == 2
+    got = cols.process(np.array([c, b] * 100), np.repeat(values[:100], 2))
+    assert np.array_equal(got[0::2], ToPS(cfg, keys[2]).process(values[:100]))
+    assert np.array_equal(got[1::2], ToPS(cfg, keys[1]).process(values[:100]))
+
+
+def test_row_operator_is_the_stream_as_an_operator() -> None:
+    rng = np.random.default_rng(5)
+    cfg, key = CONFIGS[2], rng.bytes(32)
+    values = rng.uniform(-1, 35, 300)
+    ref = ToPS(cfg, key)
+    cols = ColumnarRelease(ahead=2)
+    row = RowOperator(cols, cols.add(ToPS(cfg, key)))
+    assert (row.phase, row.holdout_left, row.config) == ("releasing", 0, cfg)
+    assert row.theta == ref.theta and row.smoother_layers == ref.smoother_layers
+    one = [row.process_one(v) for v in values[:37]]
+    assert one == [ref.process_one(v) for v in values[:37]]
+    assert np.array_equal(row.process(values[37:]), ref.process(values[37:]))
+    assert (row.ticks, row.clamped) == (ref.ticks, ref.clamped)
+    assert row.snapshot() == ref.snapshot()
+    again = RowOperator.restore(cfg, key, row.snapshot())
+    assert isinstance(again, ToPS) and again.snapshot() == ref.snapshot()
+    assert "key" not in repr(row).replace("key=<secret>", "") and key.hex() not in repr(row)
+    assert columnar_eligible(ref) and not columnar_eligible(row)

@@ -17,11 +17,12 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from operators.columnar import ColumnarRelease, RowOperator, columnar_eligible
 from stream.core.errors import StreamCapError
 from stream.core.ticking import CategoryBins, PeriodBins, PeriodClock
 
@@ -39,12 +40,10 @@ class StreamRecord:
     name: str
     operator: Any
     name_json: str
-    topic: str = ""  # output topic (set by the daemon)
-    status_topic: str = ""
     last_seq: int | None = None
     ticks: int = 0  # ticks processed so far, holdout included (= the next tick's number)
-    pending: list[float] = field(default_factory=list)
-    pending_ts: list[float] = field(default_factory=list)
+    pending: list[float] | None = None  # readings waiting for the next step (None: none; no list per idle stream)
+    pending_ts: list[float] | None = None
     bins: PeriodBins | None = None
     phase: str = "holdout"
     status_due: bool = True
@@ -107,6 +106,19 @@ class Router:
         self.ticks_total = 0  # ticks processed since the start, never reset (checkpoint every N ticks)
         self.latencies: list[float] = []
         self.status_now: list[StreamRecord] = []  # new streams and phase changes: status goes out at once
+        # releasing ToPS streams as rows of one columnar store, released together in one compiled pass per flush
+        # (operators/columnar.py); None: every stream keeps its own operator object
+        self.pool: ColumnarRelease | None = None
+
+    def use_columns(self, capacity: int = 1024) -> None:
+        """Keep releasing ToPS streams (Recent smoother, lower = 0) as rows of one columnar store from now on."""
+        if self.pool is None:
+            self.pool = ColumnarRelease(capacity=max(1, capacity))
+
+    def _adopt(self, rec: StreamRecord) -> None:
+        """A stream that is releasing becomes a row of the columnar store (when there is one and it fits)."""
+        if self.pool is not None and columnar_eligible(rec.operator):
+            rec.operator = RowOperator(self.pool, self.pool.add(rec.operator))
 
     def record(self, name: str, now: float | None = None) -> StreamRecord:
         """The stream's record, created on first sight; :class:`StreamCapError` past the cap. ``now``: the time
@@ -126,6 +138,8 @@ class Router:
         self.streams[name] = rec
         if rec.phase == "holdout":
             self.in_holdout += 1
+        else:
+            self._adopt(rec)
         self.status_now.append(rec)
         return rec
 
@@ -143,8 +157,11 @@ class Router:
             return "ok"
         bins = rec.bins
         if bins is None:
-            rec.pending.append(value)
-            rec.pending_ts.append(now if ts is None else ts)
+            if rec.pending is None:
+                rec.pending, rec.pending_ts = [value], [now if ts is None else ts]
+            else:
+                rec.pending.append(value)
+                rec.pending_ts.append(now if ts is None else ts)  # type: ignore[union-attr]
         else:
             assert self.clock is not None
             t = ts if (self.event_time and ts is not None) else now
@@ -183,8 +200,11 @@ class Router:
         if (ts is None and seqs is None and rec.bins is None
                 and not (rec.phase == "holdout" and getattr(rec.operator, "takes_reports", False))):
             if values:
-                rec.pending += values
-                rec.pending_ts += [now] * len(values)
+                if rec.pending is None:
+                    rec.pending, rec.pending_ts = list(values), [now] * len(values)
+                else:
+                    rec.pending += values
+                    rec.pending_ts += [now] * len(values)  # type: ignore[operator]
                 self.counts["ok"] += len(values)
                 self.dirty[rec.name] = rec
                 rec.last_seen = time.monotonic()
@@ -227,7 +247,7 @@ class Router:
             return
         log.error("stream %r failed: %s; it takes no more readings until the daemon restarts", rec.name, what)
         rec.failed = True
-        rec.pending, rec.pending_ts = [], []
+        rec.pending = rec.pending_ts = None
         if rec.phase == "holdout":
             self.in_holdout -= 1
         rec.phase = "failed"
@@ -242,6 +262,8 @@ class Router:
             if rec is None:
                 continue
             self.dirty.pop(name, None)
+            if type(rec.operator) is RowOperator:
+                rec.operator.free()
             if rec.phase == "holdout":
                 self.in_holdout -= 1
             if rec.failed:
@@ -282,6 +304,7 @@ class Router:
             rec.status_due = False
             self.in_holdout -= 1
             self.status_now.append(rec)
+            self._adopt(rec)
         elif rec.phase == "holdout":
             rec.status_due = True
         self.latencies.append(time.perf_counter() - t0)
@@ -293,14 +316,49 @@ class Router:
         if self.clock is not None:
             self.dirty.clear()
             return out
+        rows = self._release_rows() if self.pool is not None else None
         for rec in self.dirty.values():
             if rec.pending:
                 values, ts = rec.pending, rec.pending_ts
-                rec.pending, rec.pending_ts = [], []
+                rec.pending = rec.pending_ts = None
+                assert ts is not None
+                if rows is not None and (released := rows.get(rec.name)) is not None:
+                    out.append(ReleaseBatch(rec, list(range(rec.ticks - len(values), rec.ticks)), ts, released,
+                                            float(rec.operator.theta)))
+                    continue
                 b = self._process(rec, values, ts)
                 if b is not None:
                     out.append(b)
         self.dirty.clear()
+        return out
+
+    def _release_rows(self) -> dict[str, list[float]] | None:
+        """The pending readings of every dirty stream that is a row, released in one compiled pass (the same
+        releases, stream by stream, as each stream's own ``process``: operators/columnar.py)."""
+        pool = self.pool
+        assert pool is not None
+        recs = [rec for rec in self.dirty.values() if rec.pending and type(rec.operator) is RowOperator]
+        if not recs:
+            return None
+        t0 = time.perf_counter()
+        lengths = [len(rec.pending) for rec in recs]
+        rows = np.repeat(np.fromiter((rec.operator.row for rec in recs), dtype=np.int64, count=len(recs)), lengths)
+        values = np.fromiter((v for rec in recs for v in rec.pending), dtype=np.float64, count=int(rows.size))
+        out: dict[str, list[float]] = {}
+        try:
+            released = pool.process(rows, values).tolist()
+        except Exception as exc:  # a bug: the streams of this pass fail (their rows may have moved), no other
+            for rec in recs:
+                self.fail(rec, f"operator failed ({type(exc).__name__}); {len(rec.pending)} ticks not released")
+            return out
+        at = 0
+        for rec, n in zip(recs, lengths, strict=True):
+            out[rec.name] = released[at : at + n]
+            at += n
+            rec.ticks += n
+        self.ticks_processed += at
+        self.ticks_total += at
+        self.latencies.append(time.perf_counter() - t0)
         return out
 
     def close_periods(self, now: float, final: bool = False) -> list[ReleaseBatch]:

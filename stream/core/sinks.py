@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import IO, Any
 
+from operators.columnar import RowOperator
 from operators.tops import ToPS
 from stream.core.router import ReleaseBatch, StreamRecord
 
@@ -51,7 +52,7 @@ def encode_status(rec: StreamRecord) -> bytes:
     """
     status = rec.status()
     op = rec.operator
-    if status.get("phase") == "releasing" and isinstance(op, ToPS) and op.smoother_layers is not None:
+    if status.get("phase") == "releasing" and isinstance(op, ToPS | RowOperator) and op.smoother_layers is not None:
         cfg = op.config
         status["params"] = {
             "method": "tops",

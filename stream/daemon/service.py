@@ -163,6 +163,8 @@ class Daemon:
             clock = PeriodClock(cfg.ticks.period, cfg.ticks.lateness if cfg.ticks.clock == "event" else 0.0)
         self.router = Router(self.operator_factory, cfg.streams.max_streams, clock=clock,
                              aggregate=cfg.ticks.aggregate, event_time=cfg.ticks.clock == "event")
+        if category is None and not self.local and cfg.streams.method == "tops":
+            self.router.use_columns()  # releasing streams as rows of one columnar store (operators/columnar.py)
         m = self.metrics
         m.watch(m.streams_active, lambda: len(self.router.streams))
         m.watch(m.streams_holdout, lambda: self.router.in_holdout)
@@ -295,6 +297,10 @@ class Daemon:
         log.info("%s received", signal.Signals(sig).name)
         self.stopping.set()
 
+    def output_topic(self, name: str) -> str:
+        """The topic of a stream's releases (made when needed: a record keeps no topic strings)."""
+        return self.cfg.output.topic.replace("{stream}", name)
+
     # -- intake ----------------------------------------------------------------------------------------------
     def stream_record(self, name: str, now: float | None = None) -> StreamRecord | None:
         """The record of ``name`` (created on first sight, by a reading that arrived at ``now``), or None past the
@@ -307,10 +313,7 @@ class Daemon:
         except StreamCapError:
             self.rejected("stream_cap", f"max_streams = {self.cfg.streams.max_streams} reached")
             return None
-        rec.topic = self.cfg.output.topic.replace("{stream}", name)
         rec.identity = self.identity
-        if self.cfg.output.status_topic:
-            rec.status_topic = self.cfg.output.status_topic.replace("{stream}", name)
         return rec
 
     def on_mqtt_messages(self, messages: list[Any]) -> None:
@@ -526,12 +529,13 @@ class Daemon:
         eps = self.epsilon
         stdout, pubq = self.stdout, self.pubq if self.mqtt_out else None
         retain, as_array = self.cfg.output.retain, self.cfg.output.batch
+        topic_of = self.output_topic
         for b in batches:
             lines = encode_releases(b, eps)
             if stdout is not None:
                 self.stdout_written += stdout.write(lines)
             if pubq is not None:
-                topic = b.record.topic
+                topic = topic_of(b.record.name)
                 if as_array:
                     pubq.put(topic, ("[" + ",".join(lines) + "]").encode(), retain, len(lines))
                 else:
@@ -547,8 +551,8 @@ class Daemon:
 
     def publish_status(self, rec: StreamRecord) -> None:
         rec.status_due = False
-        if self.mqtt_out and rec.status_topic and self.pubq is not None:
-            self.pubq.put(rec.status_topic, encode_status(rec), True, 0)
+        if self.mqtt_out and self.cfg.output.status_topic and self.pubq is not None:
+            self.pubq.put(self.cfg.output.status_topic.replace("{stream}", rec.name), encode_status(rec), True, 0)
         if self.local and self.pubq is not None:
             self.publish_control(rec)
 
