@@ -294,6 +294,61 @@ def _dlap(gen: KeyedGenerator, address: int, index: int, epsilon: float, sensiti
     return int(gen.discrete_laplace(Domain.THRESHOLD, address, index, 1, noise)[0])
 
 
+class _Grids:
+    """What the calibrated choice computes from a candidate grid alone (public), once per grid."""
+
+    __slots__ = ("_around", "candidates", "geo", "squares", "values")
+
+    def __init__(self, candidates: np.ndarray) -> None:
+        n_cand = len(candidates)
+        self.candidates = candidates
+        self.values = np.concatenate([candidates, [candidates[-1]]]).astype(np.float64)
+        geo = np.unique(np.searchsorted(candidates, np.geomspace(candidates[0], candidates[-1], _QUANTILE_GRID)))
+        self.geo = geo[geo < n_cand]
+        self.squares = candidates.astype(np.float64) ** 2
+        self._around: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def around(self, q_k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The thetas of step 3 around the quantile ``q_k`` (and their indexes in the grid)."""
+        got = self._around.get(q_k)
+        if got is None:
+            candidates = self.candidates
+            grid = np.geomspace(max(q_k / 4.0, float(candidates[0])), 8.0 * q_k, _THETA_POINTS)
+            idx = np.unique(np.minimum(np.searchsorted(candidates, grid), len(candidates) - 1))
+            thetas = candidates[idx].astype(np.float64)
+            got = (thetas, np.searchsorted(candidates, thetas))
+            if len(self._around) < 4096:
+                self._around[q_k] = got
+        return got
+
+
+_GRIDS: dict[int, _Grids] = {}  # id(candidates) -> its grids (the candidate grids are cached and live forever)
+
+
+def _grids(candidates: np.ndarray) -> _Grids:
+    g = _GRIDS.get(id(candidates))
+    if g is None or g.candidates is not candidates:
+        g = _Grids(candidates)
+        if len(_GRIDS) < 64:
+            _GRIDS[id(candidates)] = g
+    return g
+
+
+def _best_model(thetas: np.ndarray, s_options: list[int], G: dict[int, float], sm: dict[int, float], *,
+                epsilon: float, eps_s: float, m: int, fanout: int, query_range: int) -> np.ndarray:
+    """``min over s`` of the calibrated RMSE model at every theta: ``model`` of :func:`choose`, the same floating-point
+    operations in the same order, on a whole array (``np.power(x, 2.0)`` is Python's ``x ** 2``)."""
+    best: np.ndarray | None = None
+    for s in s_options:
+        w = fanout**s
+        start_var = 2.0 * np.power(thetas / (eps_s * m), 2.0)
+        first_leaf = min(1.0, w / query_range) * w * w / 3.0 * start_var
+        val = G[s] * thetas * thetas / (epsilon * epsilon) + sm[s] + first_leaf
+        best = val if best is None else np.minimum(best, val)
+    assert best is not None
+    return best
+
+
 def choose(
     hist: np.ndarray,
     candidates: np.ndarray,
@@ -316,14 +371,14 @@ def choose(
     m = holdout
     h = tree_height(query_range, fanout)
     n_cand = len(candidates)
-    values = np.concatenate([candidates, [candidates[-1]]]).astype(np.float64)
+    grid = _grids(candidates)
+    values = grid.values
     hist = np.asarray(hist, dtype=np.float64)
     counts_above = m_theta(hist.astype(np.int64))
     s_options = [fixed_s] if fixed_s is not None else list(range(h))
     G = {s: noise_constant(fanout, query_range, s) for s in s_options}
     moment = range_length_moment(query_range)
-    geo = np.unique(np.searchsorted(candidates, np.geomspace(candidates[0], candidates[-1], _QUANTILE_GRID)))
-    geo = geo[geo < n_cand]
+    geo = grid.geo
     # the percentile's share: at least 10%, more (up to 30%, taken from theta's) so that top_k <= m / 4
     share_q = max(BUDGET_SPLIT["quantile"], 8.0 * math.log(max(geo.size, 2)) / (0.25 * m * threshold_epsilon))
     fallback = share_q > _MAX_QUANTILE_SHARE
@@ -355,8 +410,7 @@ def choose(
     else:  # too little budget for a useful quantile: theta now, from counts (C = 1), with the two shares
         eps_t += eps_q + BUDGET_SPLIT["excess"] * threshold_epsilon
         s_pre = min(s_options, key=lambda s: G[s])
-        thetas = candidates.astype(np.float64)
-        util = -np.sqrt(m * m * G[s_pre] * thetas**2 / epsilon**2 / moment + counts_above.astype(np.float64) ** 2)
+        util = -np.sqrt(m * m * G[s_pre] * grid.squares / epsilon**2 / moment + counts_above.astype(np.float64) ** 2)
         q = int(candidates[report_noisy_max(util, gen.uniforms(int(Domain.THRESHOLD), 4, 0, n_cand), eps_t)])
         scale_ref = q
     # 2. smoothing error per measurable s
@@ -398,11 +452,10 @@ def choose(
         return G[s] * theta * theta / (epsilon * epsilon) + sm[s] + first_leaf
 
     if not fallback:  # 3. theta by report-noisy-max of the calibrated RMSE
-        grid = np.geomspace(max(q_k / 4.0, float(candidates[0])), 8.0 * q_k, _THETA_POINTS)
-        idx = np.unique(np.minimum(np.searchsorted(candidates, grid), n_cand - 1))
-        thetas = candidates[idx].astype(np.float64)  # at most 72 points, 5% apart (fewer candidates, less noise)
-        above = counts_above[np.searchsorted(candidates, thetas)].astype(np.float64)
-        best_s = np.array([min(model(t, s) for s in s_options) for t in thetas.tolist()])  # public given sm
+        thetas, at_theta = grid.around(q_k)  # at most 72 points, 5% apart (fewer candidates, less noise)
+        above = counts_above[at_theta].astype(np.float64)
+        best_s = _best_model(thetas, s_options, G, sm, epsilon=epsilon, eps_s=eps_s, m=m, fanout=fanout,
+                             query_range=query_range)  # public given sm
         util = -np.sqrt(m * m * best_s / (moment * mean_excess**2) + above**2)
         k = report_noisy_max(util, gen.uniforms(int(Domain.THRESHOLD), 4, 0, thetas.size), eps_t)
         theta = int(thetas[k])

@@ -223,3 +223,30 @@ def test_one_reading_at_a_time_with_checkpoints_gives_the_batch_releases() -> No
         if i in (63, 777, 2998, 2999, 3500):
             op = ToPS.restore(cfg, _key("one"), json.loads(json.dumps(op.snapshot())))
     np.testing.assert_array_equal(np.array(got), whole)
+
+
+def test_the_vectorised_model_is_the_scalar_model_bit_for_bit() -> None:
+    """``_best_model`` (issue 13: one array pass instead of a Python call per theta and s) must pick exactly what the
+    scalar model picks: the same float64 at every theta, random parameters included."""
+    from operators.selection import _best_model
+
+    rng = np.random.default_rng(13)
+    for _ in range(200):
+        fanout = int(rng.integers(2, 9))
+        query_range = int(fanout ** rng.integers(2, 9))
+        s_options = list(range(int(rng.integers(1, 8))))
+        G = {s: float(rng.uniform(0.01, 50)) for s in s_options}
+        sm = {s: float(rng.uniform(0, 1e4)) for s in s_options}
+        eps, eps_s, m = float(rng.uniform(0.01, 5)), float(rng.uniform(0.001, 1)), int(rng.integers(1, 10**5))
+        thetas = np.unique(rng.uniform(0.5, 1e5, 80).round())
+
+        def model(theta: float, s: int) -> float:
+            w = fanout**s
+            start_var = 2.0 * (theta / (eps_s * m)) ** 2
+            first_leaf = min(1.0, w / query_range) * w * w / 3.0 * start_var
+            return G[s] * theta * theta / (eps * eps) + sm[s] + first_leaf
+
+        want = np.array([min(model(t, s) for s in s_options) for t in thetas.tolist()])
+        got = _best_model(thetas, s_options, G, sm, epsilon=eps, eps_s=eps_s, m=m, fanout=fanout,
+                          query_range=query_range)
+        assert np.array_equal(got, want)
