@@ -58,7 +58,7 @@ def main() -> int:
     refills = int((cols.drawn[: cols.rows] // args.ahead).sum())
     print(f"{args.streams:,} streams as rows in {made:.1f} s; {n:,} readings interleaved in batches of "
           f"{args.batch:,}: {seconds:.2f} s, {n / seconds / 1e6:.2f} M readings/s on one core, {refills:,} refills "
-          f"of {args.ahead} leaves (first batch {first_batch:.2f} s); columns {cols.nbytes()} B per row")
+          f"of {args.ahead} leaves (first batch {first_batch:.2f} s); columns {cols.row_nbytes()} B per row")
     # the same readings again: the noise drawn ahead in the first pass is mostly still there
     t0 = time.perf_counter()
     before = int(cols.drawn[: cols.rows].sum())

@@ -218,6 +218,8 @@ def test_failover_of_a_worker_and_a_nats_node_never_noises_a_tick_twice(nats_clu
             assert r.returncode == 0, r.stderr.decode()
             return json.loads(r.stdout)
 
+        # the worker that joined is up (stopped while still joining, it would end before its handlers exist)
+        wait_for(lambda: "cluster identity" in workers[3].log(), 60, interval=0.5, what="the fourth worker joined")
         m = scrape(mport)  # a worker's Prometheus endpoint (deploy/tops.rules.yml alerts on these)
         assert m["tops_cluster_releases_total"] > 0 and "tops_cluster_partitions_owned" in m
         # `tops cluster`: every partition owned by a live worker, nothing left behind its floor

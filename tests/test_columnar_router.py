@@ -75,7 +75,7 @@ def test_a_failing_pass_fails_its_streams_only(caplog: pytest.LogCaptureFixture)
     run(router, [(f"m{i % 4}", 5.0) for i in range(100)], 10)  # four streams releasing (rows)
     assert router.pool is not None
 
-    def broken(rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    def broken(rows: np.ndarray, values: np.ndarray, **kwargs: object) -> np.ndarray:
         raise RuntimeError("kernel bug")
 
     router.pool.process = broken  # type: ignore[method-assign]

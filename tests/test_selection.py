@@ -240,13 +240,14 @@ def test_the_vectorised_model_is_the_scalar_model_bit_for_bit() -> None:
         eps, eps_s, m = float(rng.uniform(0.01, 5)), float(rng.uniform(0.001, 1)), int(rng.integers(1, 10**5))
         thetas = np.unique(rng.uniform(0.5, 1e5, 80).round())
 
-        def model(theta: float, s: int) -> float:
-            w = fanout**s
-            start_var = 2.0 * (theta / (eps_s * m)) ** 2
-            first_leaf = min(1.0, w / query_range) * w * w / 3.0 * start_var
-            return G[s] * theta * theta / (eps * eps) + sm[s] + first_leaf
+        def model(theta: float, s: int, b: int, r: int, e: float, es: float, mm: int, g: dict, sms: dict) -> float:
+            w = b**s
+            start_var = 2.0 * (theta / (es * mm)) ** 2
+            first_leaf = min(1.0, w / r) * w * w / 3.0 * start_var
+            return g[s] * theta * theta / (e * e) + sms[s] + first_leaf
 
-        want = np.array([min(model(t, s) for s in s_options) for t in thetas.tolist()])
+        want = np.array([min(model(t, s, fanout, query_range, eps, eps_s, m, G, sm) for s in s_options)
+                         for t in thetas.tolist()])
         got = _best_model(thetas, s_options, G, sm, epsilon=eps, eps_s=eps_s, m=m, fanout=fanout,
                           query_range=query_range)
         assert np.array_equal(got, want)

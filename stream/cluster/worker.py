@@ -427,12 +427,22 @@ class ClusterWorker:
         async def error_cb(exc: Exception) -> None:  # one line, not the client's traceback
             log.warning("NATS: %s", type(exc).__name__)
 
+        # a stop asked while the worker is still joining (a cluster electing its leaders can take a while) ends
+        # it cleanly too: the handlers come first
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
         self.nc = await nats.connect(servers=list(self.cfg.nats.servers), name=f"tops-worker-{self.name}",
                                      max_reconnect_attempts=-1, reconnect_time_wait=0.25, connect_timeout=5,
                                      error_cb=error_cb)
         self.js = self.nc.jetstream(timeout=5.0)
         deadline = time.monotonic() + 120.0
         while True:  # a cluster that just started elects its leaders first; workers starting together race here
+            if self.stopping.is_set():
+                with contextlib.suppress(Exception):
+                    await self.nc.drain()
+                log.info("worker %s stopped before it joined", self.name)
+                return 0
             try:
                 self.kv = await ensure(self.js, self.names)
                 await self._identity()
@@ -445,9 +455,6 @@ class ClusterWorker:
                     raise WorkerError(msg) from None
                 await asyncio.sleep(0.5)
         log.info("worker %s: cluster identity %s, %d partitions", self.name, self.identity, self.names.partitions)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stopping.set)
         last_checkpoint = last_balance = 0.0
         while not self.stopping.is_set():
             now = time.monotonic()
