@@ -210,6 +210,32 @@ class ColumnarRelease:
                          "total": float(self.u0[r]), "count": 1, "history": []},
         }
 
+    def snapshot_columns(self, rows: np.ndarray) -> dict[str, list[Any]]:
+        """The fields of :meth:`snapshot` for many rows at once, as lists of Python numbers (one pass per column:
+        a checkpoint of many rows formats them without a dict per row). Keys: ticks, clamped, theta_units,
+        smoother_layers, tree, leaf, pred, pos, leaf_sum, total."""
+        rows = np.asarray(rows, dtype=np.int64)
+        used = self.drawn[rows] - self.avail[rows]
+        kept = self.layers_kept[rows].astype(np.int64)
+        cfg_idx = self.config[rows]
+        per_tree = np.empty(rows.size, dtype=np.int64)
+        for ci in np.unique(cfg_idx).tolist():  # leaves per tree: b^(h - s - 1) R, by configuration and s
+            cfg = self.configs[ci]
+            top = cfg.query_range // cfg.fanout ** (cfg.height - 1)
+            sel = cfg_idx == ci
+            per_tree[sel] = np.asarray([cfg.fanout ** (cfg.height - k - 1) * top for k in range(cfg.height)],
+                                       dtype=np.int64)[kept[sel]]
+        tree, leaf = np.divmod(used, per_tree)
+        end = (leaf == 0) & (tree > 0)  # the end of a tree, as the walk records it
+        tree[end] -= 1
+        leaf[end] = per_tree[end]
+        return {
+            "ticks": self.ticks[rows].tolist(), "clamped": self.clamped[rows].tolist(),
+            "theta_units": self.theta[rows].tolist(), "smoother_layers": kept.tolist(),
+            "tree": tree.tolist(), "leaf": leaf.tolist(), "pred": self.pred[rows].tolist(),
+            "pos": self.pos[rows].tolist(), "leaf_sum": self.leaf_sum[rows].tolist(), "total": self.u0[rows].tolist(),
+        }
+
     def operator(self, r: int) -> ToPS:
         """A ToPS object continuing row ``r`` (restored from :meth:`snapshot` and the row's key)."""
         return ToPS.restore(self.configs[int(self.config[r])], self.key[r].tobytes(), self.snapshot(r))

@@ -87,3 +87,32 @@ def test_a_failing_pass_fails_its_streams_only(caplog: pytest.LogCaptureFixture)
     assert "1234.5" not in caplog.text and "RuntimeError" in caplog.text
     rec = router.streams["m0"]
     assert router.add(rec, 1.0, None, None, 0.0) == "failed"
+
+
+def test_a_checkpoint_writes_the_rows_states_as_the_general_path_does() -> None:
+    """The checkpoint's one-pass text of the rows' states is the very JSON of their record_state (two
+    configurations, every smoother layer count the choice makes, tree ends, seq or none, holdout streams beside)."""
+    import json
+
+    from stream.state.records import record_state, record_states
+
+    other = ToPSConfig(epsilon=0.5, bound=50, holdout=10, query_range=64, fanout=2)
+    router = Router(lambda name: ToPS(other if name.startswith("o") else CFG, key_of(name)), 200)
+    router.use_columns(capacity=8, ahead=3)
+    rng = np.random.default_rng(3)
+    names = [f"m{i}" for i in range(40)] + [f"o{i}" for i in range(40)]
+    for i in range(12_000):
+        name = names[int(rng.integers(len(names)))]
+        rec = router.record(name)
+        assert router.add(rec, float(rng.choice([0.0, 3.5, 40.0, 99.0, 250.0])), None,
+                          i if name.endswith("7") else None, 0.0) == "ok"
+        if i % 97 == 0 or i == 11_999:
+            router.flush()
+            recs = list(router.streams.values())
+            states = record_states(recs)
+            assert set(states) == {r.name for r in recs}
+            for rec in recs:
+                text = states[rec.name]
+                want = json.dumps(record_state(rec), separators=(",", ":"))
+                assert (text if isinstance(text, str) else json.dumps(text, separators=(",", ":"))) == want
+    assert sum(isinstance(s, str) for s in states.values()) > 60  # the rows went the one-pass way

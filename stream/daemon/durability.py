@@ -1,9 +1,11 @@
 """Durable state of ``tops run``: the state store and the input journal wired into the daemon's lifecycle.
 
 :meth:`Durability.open` (startup) opens the store (refusing a corrupt one or one made with another master key),
-restores every stored stream eagerly through the privacy ledger (changed privacy parameters stop the start unless a
-new generation is asked for), puts the stored outbox back into the publish queue, re-processes the journal since the
-last checkpoint (re-producing byte-identical releases, published again) and checkpoints.
+restores the stored streams through the privacy ledger (with period ticks all of them at once; with one tick per
+reading each at its next reading, as after an eviction; changed privacy parameters stop the start unless a new
+generation is asked for: the preflight checks every stored stream), puts the stored outbox back into the publish
+queue, re-processes the journal since the last checkpoint (re-producing byte-identical releases, published again)
+and checkpoints.
 
 While running, every accepted reading is appended to the journal (``Router.add`` and ``Router.add_many`` are
 wrapped; the readings of one message make one line) before it is processed;
@@ -39,10 +41,10 @@ from stream.core.keys import derive_stream_key, load_master_key
 from stream.core.router import ReleaseBatch, StreamRecord
 from stream.daemon.sources import published
 from stream.state.journal import Journal
-from stream.state.records import apply_state, operator_snapshot, record_state
+from stream.state.records import apply_state, operator_snapshot, record_states
 from stream.state.redelivery import Redeliveries
 from stream.state.spill import Spill
-from stream.state.store import Store, StoreError
+from stream.state.store import PrivacyParametersChanged, Store, StoreError
 
 __all__ = ["Durability", "key_check"]
 
@@ -120,6 +122,8 @@ class Durability:
         # periods on the wall clock: the arrival time decides the period, whatever the reading's ts
         self._arrival_time = daemon.router.clock is not None and not daemon.router.event_time
         self._record = daemon.router.record
+        self._identity: str | None = None  # the store's identity (stream keys derive from it), read once
+        self._kind: tuple[type, Any] | None = None  # (operator class, its configuration): the same for every stream
         self.redeliveries: Redeliveries | None = None  # MQTT QoS 1 input: repeats the broker may send
         self.redelivered = Counter("tops_redeliveries_dropped", "QoS 1 messages the broker sent again after they "
                                    "were processed (acknowledged, not counted twice).",
@@ -284,13 +288,28 @@ class Durability:
     def _restore(self) -> None:
         daemon, router = self.daemon, self.router
         t0 = time.perf_counter()
-        stored = self.store.streams()
-        if len(stored) > router.max_streams:
-            log.warning("the store holds %d streams, more than [streams] max_streams = %d: all are restored, no "
-                        "new stream is accepted", len(stored), router.max_streams)
-            router.max_streams = len(stored)
-        for s in stored:
-            daemon.stream_record(s["name"])
+        # With one tick per reading a stream does nothing until its next reading: it is restored then (the ledger
+        # checks it, its checkpoint is loaded), as after an eviction, so a restart does not read every stored stream
+        # first (a million streams: seconds, not minutes). The journal's streams are restored as it is re-processed.
+        # Period ticks release every stream every period: all are restored now.
+        eager = router.clock is not None
+        n_stored = self.store.count_streams()
+        if n_stored > router.max_streams:
+            log.warning("the store holds %d streams, more than [streams] max_streams = %d: the cap is raised to "
+                        "take them all back", n_stored, router.max_streams)
+            router.max_streams = n_stored
+        if eager:
+            for name in self.store.stream_names():
+                daemon.stream_record(name)
+        else:
+            # what the eager restore refused at once is refused at once still (the preflight says it too)
+            changed = self.store.privacy_mismatches(self.params, self.new_generation)
+            if changed:
+                raise PrivacyParametersChanged(changed[0] + (f" (and {len(changed) - 1} more streams)"
+                                                             if len(changed) > 1 else ""))
+            for name in sorted(self.new_generation):  # a new generation asked for is taken now, as before
+                if self.store.has_stream(name):
+                    daemon.stream_record(name)
         outbox = self.store.outbox()
         if daemon.pubq is not None:  # the outbox: in the store, then what did not fit in memory (stream/state/spill.py)
             daemon.pubq.spill = Spill.open(self.store.path.parent, daemon.cfg.output.outbox_max_bytes, self.fsync)
@@ -321,29 +340,37 @@ class Durability:
         self.try_checkpoint()
         # with period counts the number of readings is the protected value: the log does not say it
         readings = "journaled readings" if daemon.metrics.counts_protected else f"{n} journaled readings"
-        log.info("state: %d streams restored, %s re-processed%s, %d stored messages requeued (%.2f s)",
-                 len(stored), readings, f" ({skipped} for streams past the cap)" if skipped else "",
+        log.info("state: %d streams stored (%s), %s re-processed%s, %d stored messages requeued (%.2f s)",
+                 n_stored, "all restored" if eager else f"{len(router.streams)} restored, the others at their next "
+                 "reading", readings, f" ({skipped} for streams past the cap)" if skipped else "",
                  len(outbox), time.perf_counter() - t0)
 
     # -- streams ------------------------------------------------------------------------------------------------
     def factory(self, name: str) -> Any:
         """The operator of ``name``: admitted by the ledger, keyed by its generation, restored when stored."""
         adm = self.store.admit(name, self.params, new_generation=name in self.new_generation)
-        if self.master is not None and not self.daemon.local:
-            key: bytes | None = derive_stream_key(self.master, name, identity=self.store.identity,
-                                                   generation=adm.generation)
-            op = self.daemon.keyed_operator(key)
-        else:  # local mode (the server holds no noise key) or an operator factory given by a test
-            key = None
-            op = self._base_factory(name)
-        if adm.state is None:
-            self.changed.add(name)
-            return op
-        try:
-            op = type(op).restore(op.config, key, operator_snapshot(adm.state, op.config))
+        keyed = self.master is not None and not self.daemon.local
+        key: bytes | None = None
+        if keyed:
+            if self._identity is None:
+                self._identity = self.store.identity
+            key = derive_stream_key(self.master, name, identity=self._identity, generation=adm.generation)
+        kind = self._kind
+        if adm.state is None or kind is None:  # a new stream (or the first of this run: its kind is learnt)
+            op = self.daemon.keyed_operator(key) if keyed else self._base_factory(name)
+            if keyed:
+                self._kind = (type(op), op.config)
+            if adm.state is None:
+                self.changed.add(name)
+                return op
+            kind = (type(op), op.config)
+        try:  # a stored stream: its operator is made from the snapshot (no fresh one built first)
+            op = kind[0].restore(kind[1], key, operator_snapshot(adm.state, kind[1]))
         except (KeyError, TypeError, ValueError) as exc:
-            msg = (f"stream {name!r}: the stored state does not fit the configuration ({exc}); refusing to start "
-                   f"(restore the old configuration, or start a new generation: --new-generation {name})")
+            # the exception's text may quote the stored state (a holdout's counts are private): its type only
+            msg = (f"stream {name!r}: the stored state does not fit the configuration ({type(exc).__name__}); its "
+                   f"readings are "
+                   f"refused (restore the old configuration, or start a new generation: --new-generation {name})")
             raise StoreError(msg) from None
         self.restored[name] = adm.state
         if op.phase == "holdout":
@@ -520,7 +547,7 @@ class Durability:
         self._confirm()
         streams = router.streams
         names = list(streams) if router.clock is not None else [n for n in self.changed if n in streams]
-        states = {n: record_state(streams[n]) for n in names}
+        states = record_states([streams[n] for n in names])
         left_holdout = [n for n in names if n in self.saved_in_holdout and streams[n].operator.phase != "holdout"]
         for n in names:
             if streams[n].operator.phase == "holdout":

@@ -333,9 +333,11 @@ class Daemon:
         self.safe_step()
 
     def message_failed(self, exc: Exception, where: str, rec: StreamRecord | None = None) -> None:
-        """A message whose handling raised: counted ``failed``; logged with the exception's type only."""
+        """A message whose handling raised: counted ``failed``; logged with the exception's type only (a stored
+        stream whose state cannot be restored: the store's own message, which names the stream and no value)."""
         self.msg_counts["failed"] += 1
-        self.rejected("failed", f"handling raised {type(exc).__name__}", where)
+        self.rejected("failed", str(exc) if isinstance(exc, StoreError) else f"handling raised {type(exc).__name__}",
+                      where)
         if rec is not None:
             self.router.fail(rec, f"a message raised {type(exc).__name__}")
 

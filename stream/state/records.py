@@ -7,14 +7,19 @@ in it (the holdout histogram while a stream is in its holdout: counts of reading
 
 from __future__ import annotations
 
+import json
+import math
 from itertools import compress
 from typing import Any
 
+import numpy as np
+
 from operators import ToPSConfig
+from operators.columnar import RowOperator
 from stream.core.router import StreamRecord
 from stream.core.ticking import CategoryBins, PeriodBins
 
-__all__ = ["STATE_VERSION", "apply_state", "operator_snapshot", "record_state"]
+__all__ = ["STATE_VERSION", "apply_state", "operator_snapshot", "record_state", "record_states"]
 
 STATE_VERSION = 1
 
@@ -30,6 +35,41 @@ def record_state(rec: StreamRecord) -> dict[str, Any]:
         "bins": None if bins is None else {"first": bins.first, "open": [
             [k, [[c, n] for c, n in v.items()] if isinstance(v, dict) else v] for k, v in bins.bins.items()]},
     }
+
+
+_ROW_STATE = ('{"version":%d,"operator":{"version":1,"ticks":%d,"clamped":%d,"theta_units":%d,"smoother_layers":%d,'
+              '"walk":{"tree":%d,"leaf":%d},"smoother":{"pred":%r,"pos":%d,"leaf_sum":%d,"total":%r,"count":1,'
+              '"history":[]}},"last_seq":%s,"ticks":%d,"bins":null}')
+
+
+def record_states(recs: list[StreamRecord]) -> dict[str, dict[str, Any] | str]:
+    """:func:`record_state` of many records, for a checkpoint: a stream that is a row of a columnar store (and has
+    no open periods) comes as its JSON text, made from the store's columns in one pass (the very text
+    ``json.dumps(record_state(rec), separators=(",", ":"))`` writes, about ten times faster); the others as dicts."""
+    out: dict[str, dict[str, Any] | str] = {}
+    rows: dict[int, list[StreamRecord]] = {}  # id(pool) -> its records
+    pools: dict[int, Any] = {}
+    for rec in recs:
+        op = rec.operator
+        if type(op) is RowOperator and rec.bins is None:
+            rows.setdefault(id(op.pool), []).append(rec)
+            pools[id(op.pool)] = op.pool
+        else:
+            out[rec.name] = record_state(rec)
+    for pid, group in rows.items():
+        col = pools[pid].snapshot_columns(np.fromiter((r.operator.row for r in group), dtype=np.int64,
+                                                      count=len(group)))
+        fields = zip(col["ticks"], col["clamped"], col["theta_units"], col["smoother_layers"], col["tree"],
+                     col["leaf"], col["pred"], col["pos"], col["leaf_sum"], col["total"], strict=True)
+        for rec, (ticks, clamped, theta, s, tree, leaf, pred, pos, leaf_sum, total) in zip(group, fields,
+                                                                                              strict=True):
+            if not (math.isfinite(pred) and math.isfinite(total)):  # not JSON numbers: the general path says so
+                out[rec.name] = record_state(rec)
+                continue
+            seq = "null" if rec.last_seq is None else json.dumps(rec.last_seq)
+            out[rec.name] = _ROW_STATE % (STATE_VERSION, ticks, clamped, theta, s, tree, leaf, pred, pos, leaf_sum,
+                                          total, seq, rec.ticks)
+    return out
 
 
 def _compact(snap: dict[str, Any]) -> dict[str, Any]:

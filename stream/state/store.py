@@ -135,6 +135,7 @@ class Store:
     def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
         self.path = path
         self._db = conn
+        self._params_json: tuple[dict[str, Any], str] | None = None
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, create: bool = True, readonly: bool = False) -> Store:
@@ -210,8 +211,10 @@ class Store:
         db = self._db
         row = db.execute("SELECT generation, params, state FROM streams WHERE name = ?", (name,)).fetchone()
         if row is not None:
-            gen, old_params, state = int(row[0]), json.loads(row[1]), row[2]
-            old, new = _privacy_view(old_params), _privacy_view(params)
+            gen, state = int(row[0]), row[2]
+            if row[1] == self._params_text(params):  # the usual case: the very parameters it was stored with
+                return Admission(name, gen, json.loads(state) if state else None)
+            old, new = _privacy_view(json.loads(row[1])), _privacy_view(params)
             if old == new:
                 return Admission(name, gen, json.loads(state) if state else None)
             if not new_generation:
@@ -221,7 +224,7 @@ class Store:
             last = db.execute("SELECT MAX(generation) FROM ledger WHERE stream = ?", (name,)).fetchone()[0]
             gen = 1 if last is None else int(last) + 1
         now = _now()
-        pj = json.dumps(params, sort_keys=True)
+        pj = self._params_text(params)
         with self._transaction():
             db.execute("UPDATE ledger SET retired = ? WHERE stream = ? AND retired IS NULL", (now, name))
             db.execute(
@@ -245,15 +248,40 @@ class Store:
             )
         return Admission(name, gen, None)
 
+    def _params_text(self, params: dict[str, Any]) -> str:
+        """``params`` as the store writes them (made once per parameters object: every stream shares the daemon's)."""
+        got = self._params_json
+        if got is None or got[0] is not params:
+            got = self._params_json = (params, json.dumps(params, sort_keys=True))
+        return got[1]
+
     def privacy_mismatches(self, params: dict[str, Any], skip: set[str] | frozenset[str] = frozenset()) -> list[str]:
-        """What :meth:`admit` would refuse, for every stored stream at once (``tops run --check`` lists them all)."""
+        """What :meth:`admit` would refuse, for every stored stream at once (``tops run --check`` lists them all;
+        the start runs it too, since stored streams are restored when their next reading comes). One pass over the
+        distinct parameter sets (streams of one template share one), then the streams of those that differ."""
         new = _privacy_view(params)
         out = []
-        for name, gen, pj in self._db.execute("SELECT name, generation, params FROM streams ORDER BY name"):
+        for (pj,) in self._db.execute("SELECT DISTINCT params FROM streams").fetchall():
+            if _privacy_view(json.loads(pj)) == new:
+                continue
             old = _privacy_view(json.loads(pj))
-            if old != new and name not in skip:
-                out.append(_changed_message(name, int(gen), old, new))
-        return out
+            for name, gen in self._db.execute("SELECT name, generation FROM streams WHERE params = ? ORDER BY name",
+                                              (pj,)):
+                if name not in skip:
+                    out.append(_changed_message(name, int(gen), old, new))
+        return sorted(out)
+
+    def count_streams(self) -> int:
+        """How many streams the store holds."""
+        return int(self._db.execute("SELECT COUNT(*) FROM streams").fetchone()[0])
+
+    def has_stream(self, name: str) -> bool:
+        """Whether the store holds ``name``."""
+        return self._db.execute("SELECT 1 FROM streams WHERE name = ?", (name,)).fetchone() is not None
+
+    def stream_names(self) -> list[str]:
+        """The stored streams' names, in order."""
+        return [r[0] for r in self._db.execute("SELECT name FROM streams ORDER BY name")]
 
     def retire(self, name: str) -> bool:
         """Retire a stream for good: its state leaves the store (its slot and memory with it) and its ledger entry
@@ -285,12 +313,13 @@ class Store:
 
     def checkpoint(
         self,
-        states: dict[str, dict[str, Any]],
+        states: dict[str, dict[str, Any] | str],
         journal_position: int,
         outbox: list[tuple[str, bytes, bool, int]] | None = None,
         meta: dict[str, str] | None = None,
     ) -> None:
-        """Write the states of the given streams and the journal position they cover, in one transaction.
+        """Write the states of the given streams (dicts, or their JSON text) and the journal position they cover,
+        in one transaction.
 
         ``outbox``: the messages not yet confirmed by the broker (replaces the stored outbox; None keeps it).
         ``meta``: more ``meta`` values to write in the same transaction.
@@ -305,7 +334,8 @@ class Store:
                 )
             self._db.executemany(
                 "UPDATE streams SET state = ?, updated = ? WHERE name = ?",
-                [(json.dumps(s, separators=(",", ":")), now, name) for name, s in states.items()],
+                [(s if isinstance(s, str) else json.dumps(s, separators=(",", ":")), now, name)
+                 for name, s in states.items()],
             )
             self._db.execute(
                 "INSERT INTO meta VALUES ('journal_position', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
