@@ -3,8 +3,9 @@
 Run: ``python bench/bench_state.py [--streams N]``. The daemon runs in this process (stdin source, stdout sink to
 /dev/null, durable state in a temporary directory on the same disk as the project). Three checkpoints are timed
 with every stream changed: all streams in their holdout (the holdout histogram is stored), all releasing, and an
-incremental one where 1% of the streams changed. Then readings flow for a few seconds over all streams with a
-checkpoint every second; the stall is the longest gap between two processing steps of the event loop.
+incremental one where 1% of the streams changed (these three all in the event loop, as at the start). Then readings
+flow for a few seconds over all streams with a checkpoint every second (the running daemon's checkpoints: their cut in
+the event loop, their write in a worker thread); the stall is the longest gap between two processing steps.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ async def stall(tmp: Path, n: int, seconds: float, rate: int) -> None:
     gaps.sort()
     # a checkpoint every 1 s over streams that all changed: the stall is one checkpoint
     print(f"intake at {rate:,} readings/s over {n:,} streams for {seconds:.0f} s, a checkpoint every 1 s: "
-          f"{dur.checkpoints} checkpoints, the longest {dur.max_checkpoint_seconds:.3f} s; longest gap between "
+          f"{dur.checkpoints} checkpoints, the longest {dur.max_checkpoint_seconds:.3f} s (in the event loop at most "
+          f"{dur.max_checkpoint_pause:.3f} s); longest gap between "
           f"processing steps {gaps[-1]:.3f} s (median {gaps[len(gaps) // 2] * 1e3:.1f} ms)")
 
 

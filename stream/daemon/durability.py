@@ -13,10 +13,13 @@ wrapped; the readings of one message make one line) before it is processed;
 *held* until the readings they depend on are durable, and QoS 1 messages are acknowledged only then; so whatever
 leaves the process can be re-produced from the journal, and a release is never made twice with different values.
 
-``checkpoint`` (every ``checkpoint_interval`` s, after ``checkpoint_every`` ticks, at start and at shutdown) runs in
-one event-loop step: rotate the journal (syncing what is buffered), release what was held, snapshot the changed
-streams (operator snapshot, last ``seq``, tick counter, open period bins) and the messages the broker has not
-confirmed (the outbox), commit it all in one transaction, and delete the covered journal segments.
+A checkpoint (every ``checkpoint_interval`` s, after ``checkpoint_every`` ticks, at start and at shutdown) makes its
+cut in one event-loop step: rotate the journal (syncing what is buffered), release what was held, take the changed
+streams' states (operator snapshot, last ``seq``, tick counter, open period bins; a columnar row's as its JSON text,
+all rows in one pass) and the messages the broker has not confirmed (the outbox). Encoding them and committing it all
+in one transaction run in a worker thread on the store's own writer connection while intake goes on (what arrives
+is after the cut: the next checkpoint's); then the covered journal segments are deleted. A checkpoint that fails
+leaves everything for the next one.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import os
 import sqlite3
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,21 @@ __all__ = ["Durability", "key_check"]
 
 log = logging.getLogger("tops.state")
 
+
+
+@dataclass(slots=True)
+class _Cut:
+    """What one checkpoint writes, taken at the cut (journal ``position``) in the event loop."""
+
+    states: dict[str, dict[str, Any] | str]
+    position: int
+    outbox: list[tuple[str, bytes, bool, int]] | None
+    meta: dict[str, str] | None
+    spill_pos: int | None
+    left_holdout: list[str]
+    ticks_total: int
+    t0: float
+    pause: float = 0.0
 
 
 def key_check(master: bytes) -> str:
@@ -111,6 +130,8 @@ class Durability:
         self.wake = asyncio.Event()
         self.checkpoint_due = asyncio.Event()
         self.io_lock = asyncio.Lock()
+        self.checkpoint_lock = asyncio.Lock()  # one checkpoint at a time (its write runs in a worker thread)
+        self.max_checkpoint_pause = 0.0  # the longest share of a checkpoint spent in the event loop (seconds)
         self.ticks_at_checkpoint = 0
         self.checkpoints = 0
         self.last_checkpoint_seconds = 0.0
@@ -507,29 +528,64 @@ class Durability:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.checkpoint_interval):
                     await self.checkpoint_due.wait()
-            async with self.io_lock:
-                if not self.stalled:
-                    self.try_checkpoint()
+            if not self.stalled:
+                await self.checkpoint_async()
 
     async def checkpoint_now(self) -> None:
-        """A checkpoint as soon as no sync is under way (shutdown)."""
-        async with self.io_lock:
-            self.try_checkpoint()
+        """A checkpoint as soon as no sync and no other checkpoint is under way (shutdown, eviction)."""
+        await self.checkpoint_async()
 
     def try_checkpoint(self) -> bool:
         """:meth:`checkpoint`; when the disk is full it is left for later (the journal still holds everything)."""
         try:
             self.checkpoint()
         except (OSError, sqlite3.Error) as exc:
-            log.error("checkpoint failed (%s): the journal keeps the readings; retrying later", exc)
-            with contextlib.suppress(sqlite3.Error):  # a full disk: fold the store's WAL in, truncate it
-                self.store.purge_freed_pages()
-            self.wake.set()  # the sync loop notices a journal it cannot write
+            self._failed(exc, None)
             return False
         return True
 
+    def _failed(self, exc: BaseException, cut: _Cut | None) -> None:
+        log.error("checkpoint failed (%s): the journal keeps the readings; retrying later", exc)
+        if cut is not None:  # what it was to write is written by the next one
+            self.changed.update(cut.states)
+        self.wake.set()  # the sync loop notices a journal it cannot write
+
     def checkpoint(self) -> None:
-        """One consistent checkpoint, synchronous (one event-loop step); the caller holds ``io_lock`` if running."""
+        """One consistent checkpoint, all of it in this event-loop step (the start, tests); the caller holds
+        ``io_lock`` if running."""
+        cut = self._cut()
+        try:
+            self._write(cut)
+        except BaseException:
+            self.changed.update(cut.states)  # what it was to write is written by the next one
+            raise
+        self._finish(cut)
+
+    async def checkpoint_async(self) -> None:
+        """One consistent checkpoint while intake goes on: its cut in one event-loop step (:meth:`_cut`: the journal
+        rotated, the changed streams' states taken), their encoding and the store's transaction in a worker thread
+        (:meth:`_write`; readings keep being accepted, journaled and released meanwhile: they are after the cut),
+        then :meth:`_finish` in the loop. One checkpoint at a time; a failure is logged and left for the next one
+        (the journal still holds everything)."""
+        async with self.checkpoint_lock:
+            async with self.io_lock:  # the journal is rotated while no sync writes to it
+                if self.stalled:
+                    return
+                try:
+                    cut = self._cut()
+                except (OSError, sqlite3.Error) as exc:
+                    self._failed(exc, None)
+                    return
+            try:
+                await asyncio.to_thread(self._write, cut)
+            except (OSError, sqlite3.Error) as exc:
+                self._failed(exc, cut)
+                return
+            self._finish(cut)
+
+    def _cut(self) -> _Cut:
+        """The checkpoint's event-loop part: everything up to the rotated journal's ``position`` is in what it takes
+        (the changed streams' states, the outbox, the redelivery entries, the spill's read position)."""
         t0 = time.perf_counter()
         daemon, router = self.daemon, self.router
         self.checkpoint_due.clear()
@@ -557,21 +613,43 @@ class Durability:
             spill.sync()
         red = self.redeliveries
         meta = None if red is None else {"redeliveries": json.dumps(red.snapshot(), separators=(",", ":"))}
-        self.store.checkpoint(states, position, self.outbox(), meta=meta)
-        if spill is not None:
-            spill.commit()  # after the commit: a crash in between repeats messages, never loses one
-        self.journal.drop_before(position)
-        if left_holdout:  # the holdout histograms are gone from the rows; purge the old page images too
-            self.store.purge_freed_pages()
-            self.saved_in_holdout.difference_update(left_holdout)
-        self.changed.clear()
-        self.ticks_at_checkpoint = router.ticks_total
+        self.changed = set()  # what changes from now on is after the cut: the next checkpoint's
+        cut = _Cut(states, position, self.outbox(), meta, None if spill is None else spill.read_pos, left_holdout,
+                   router.ticks_total, t0)
+        cut.pause = time.perf_counter() - t0
+        return cut
+
+    def _write(self, cut: _Cut) -> _Cut:
+        """Encode the states and commit them with the journal position and the outbox in one transaction (a worker
+        thread's part: the store's writer connection is used by nothing else)."""
+        store = self.store
+        try:
+            store.checkpoint(cut.states, cut.position, cut.outbox, meta=cut.meta, writer=True)
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):  # a full disk: fold the store's WAL in, truncate it
+                store.purge_freed_pages(writer=True)
+            raise
+        if cut.left_holdout:  # the holdout histograms are gone from the rows; purge the old page images too
+            store.purge_freed_pages(writer=True)  # (it waits for other writers: here, not in the event loop)
+        return cut
+
+    def _finish(self, cut: _Cut) -> None:
+        t1 = time.perf_counter()
+        spill = self.daemon.pubq.spill if self.daemon.pubq is not None else None
+        if spill is not None and cut.spill_pos is not None:
+            spill.commit(cut.spill_pos)  # after the commit: a crash in between repeats messages, never loses one
+        self.journal.drop_before(cut.position)
+        self.saved_in_holdout.difference_update(cut.left_holdout)
+        self.ticks_at_checkpoint = cut.ticks_total
         self.checkpoints += 1
-        dt = time.perf_counter() - t0
+        dt = time.perf_counter() - cut.t0
+        pause = cut.pause + time.perf_counter() - t1
         self.last_checkpoint_seconds = dt
         self.max_checkpoint_seconds = max(self.max_checkpoint_seconds, dt)
+        self.max_checkpoint_pause = max(self.max_checkpoint_pause, pause)
         self.daemon.metrics.checkpoint_seconds.observe(dt)
-        log.debug("checkpoint: %d streams written in %.3f s (journal position %d)", len(states), dt, position)
+        log.debug("checkpoint: %d streams written in %.3f s, %.3f s of it in the event loop (journal position %d)",
+                  len(cut.states), dt, pause, cut.position)
 
     def outbox(self) -> list[tuple[str, bytes, bool, int]] | None:
         """Messages made but not confirmed by the broker: unconfirmed in-flight ones first, then the queue."""

@@ -85,8 +85,13 @@ class Spill:
         if self.fsync:
             os.fsync(self.file.fileno())
 
-    def commit(self) -> None:
-        """After a checkpoint's commit: record the read position; start a new file when this one was read out."""
+    def commit(self, read_pos: int | None = None) -> None:
+        """After a checkpoint's commit: record the read position it covers (``read_pos``, taken at its cut: what
+        was read from the spill after the cut is not in the stored outbox; default: the position now); start a new
+        file when this one was read out."""
+        if read_pos is not None and read_pos != self.read_pos:
+            self._write_pos(read_pos)
+            return
         if self.read_pos == self.end and self.end > 0:
             old = self.path
             self.file.close()
@@ -101,10 +106,10 @@ class Spill:
         else:
             self._write_pos()
 
-    def _write_pos(self) -> None:
+    def _write_pos(self, read_pos: int | None = None) -> None:
         tmp = self.folder / "outbox.pos.tmp"
         with tmp.open("w") as f:
-            f.write(json.dumps({"gen": self.gen, "offset": self.read_pos}))
+            f.write(json.dumps({"gen": self.gen, "offset": self.read_pos if read_pos is None else read_pos}))
             f.flush()
             if self.fsync:
                 os.fsync(f.fileno())

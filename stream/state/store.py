@@ -130,12 +130,14 @@ def _changed_message(name: str, gen: int, old: dict[str, Any], new: dict[str, An
 
 
 class Store:
-    """One SQLite file; use :meth:`open`. Not thread-safe: the daemon calls it from its event loop only."""
+    """One SQLite file; use :meth:`open`. Not thread-safe: the daemon calls it from its event loop, except
+    :meth:`checkpoint` with ``writer=True``, which has its own connection and runs one at a time in a worker thread."""
 
     def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
         self.path = path
         self._db = conn
         self._params_json: tuple[dict[str, Any], str] | None = None
+        self._wdb: sqlite3.Connection | None = None
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, create: bool = True, readonly: bool = False) -> Store:
@@ -198,6 +200,8 @@ class Store:
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
+            if self._wdb is not None:
+                self._wdb.close()
             self._db.close()
 
     # -- the ledger ---------------------------------------------------------------------------------------------
@@ -302,14 +306,15 @@ class Store:
 
     # -- checkpoints --------------------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _transaction(self):
-        self._db.execute("BEGIN IMMEDIATE")
+    def _transaction(self, db: sqlite3.Connection | None = None):
+        db = self._db if db is None else db
+        db.execute("BEGIN IMMEDIATE")
         try:
             yield
         except BaseException:
-            self._db.execute("ROLLBACK")
+            db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+        db.execute("COMMIT")
 
     def checkpoint(
         self,
@@ -317,32 +322,47 @@ class Store:
         journal_position: int,
         outbox: list[tuple[str, bytes, bool, int]] | None = None,
         meta: dict[str, str] | None = None,
+        *,
+        writer: bool = False,
     ) -> None:
         """Write the states of the given streams (dicts, or their JSON text) and the journal position they cover,
         in one transaction.
 
         ``outbox``: the messages not yet confirmed by the broker (replaces the stored outbox; None keeps it).
-        ``meta``: more ``meta`` values to write in the same transaction.
+        ``meta``: more ``meta`` values to write in the same transaction. ``writer``: on the checkpoints' own
+        connection (:meth:`_writer`; the daemon calls it from a worker thread, one checkpoint at a time).
         """
         now = _now()
-        with self._transaction():
+        rows = [(s if isinstance(s, str) else json.dumps(s, separators=(",", ":")), now, name)
+                for name, s in states.items()]  # encoded before the transaction: it holds the write lock
+        db = self._writer() if writer else self._db
+        with self._transaction(db):
             if outbox is not None:
-                self._db.execute("DELETE FROM outbox")
-                self._db.executemany(
+                db.execute("DELETE FROM outbox")
+                db.executemany(
                     "INSERT INTO outbox (topic, payload, retain, releases) VALUES (?, ?, ?, ?)",
                     [(t, bytes(p), int(r), int(n)) for t, p, r, n in outbox],
                 )
-            self._db.executemany(
-                "UPDATE streams SET state = ?, updated = ? WHERE name = ?",
-                [(s if isinstance(s, str) else json.dumps(s, separators=(",", ":")), now, name)
-                 for name, s in states.items()],
-            )
-            self._db.execute(
+            db.executemany("UPDATE streams SET state = ?, updated = ? WHERE name = ?", rows)
+            db.execute(
                 "INSERT INTO meta VALUES ('journal_position', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 (str(journal_position),),
             )
             for key, value in (meta or {}).items():
-                self.set_meta(key, value)
+                db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                           (key, value))
+
+    def _writer(self) -> sqlite3.Connection:
+        """The checkpoints' own connection (opened at the first one), usable from a worker thread: a checkpoint's
+        transaction runs there while the event loop reads and admits through the main one (WAL: readers do not
+        wait for it; a new stream's ledger entry waits for its commit)."""
+        if self._wdb is None:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA busy_timeout = 5000")
+            conn.execute("PRAGMA secure_delete = ON")  # per connection: replaced holdout histograms are overwritten
+            conn.execute("PRAGMA synchronous = FULL")
+            self._wdb = conn
+        return self._wdb
 
     def outbox(self) -> list[tuple[str, bytes, bool, int]]:
         """The messages of the last checkpoint that the broker had not confirmed, in order."""
@@ -358,9 +378,10 @@ class Store:
             "INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value)
         )
 
-    def purge_freed_pages(self) -> None:
-        """Fold the WAL into the database and truncate it (old page images, e.g. a holdout histogram, go away)."""
-        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    def purge_freed_pages(self, *, writer: bool = False) -> None:
+        """Fold the WAL into the database and truncate it (old page images, e.g. a holdout histogram, go away).
+        It waits for other writers; ``writer``: on the checkpoints' connection (from their worker thread)."""
+        (self._writer() if writer else self._db).execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def journal_position(self) -> int:
         row = self._db.execute("SELECT value FROM meta WHERE key = 'journal_position'").fetchone()

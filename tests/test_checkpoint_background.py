@@ -1,0 +1,89 @@
+"""A checkpoint's write does not stop intake, and a kill -9 in the middle of it loses nothing.
+
+The attack: another process holds the state store's write lock (a backup tool, an operator's ``sqlite3`` shell, a
+slow disk has the same effect), so the checkpoint's transaction waits. Before the checkpoint's write moved to a worker
+thread, the event loop waited with it (up to SQLite's 5 s busy timeout, every checkpoint): no reading was processed,
+no release left. Now readings keep being accepted, journaled and released meanwhile; the daemon is then killed -9
+while that checkpoint is still waiting, and the restart's releases together with the first run's equal ``tops
+replay`` of every reading sent, tick for tick.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tests.conftest import TEMPLATE, identity_from_log, wait_for
+from tests.test_daemon_e2e import check_against_replay
+from tests.test_state_restart import stdin_config, tops
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Run:
+    """``tops run`` on a stdin pipe, its releases collected as they come out."""
+
+    def __init__(self, cfg: Path, log: Path) -> None:
+        self.log = log
+        self.proc = subprocess.Popen([sys.executable, "-m", "stream.cli", "run", "--config", str(cfg)], cwd=ROOT,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("wb"))
+        self.releases: list[dict] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            r = json.loads(line)
+            if "tick" in r and "value" in r:
+                self.releases.append(r)
+
+    def send(self, stream: str, values: np.ndarray) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"".join(f"{stream},{v:g}\n".encode() for v in values))
+        self.proc.stdin.flush()
+
+
+def test_intake_goes_on_while_a_checkpoint_waits_for_the_store_and_kill9_then_loses_nothing(tmp_path: Path) -> None:
+    values = np.random.default_rng(21).integers(0, 90, 260).astype(float)
+    cfg = stdin_config(tmp_path, checkpoint_interval=0.2)
+    run = Run(cfg, tmp_path / "run1.log")
+    db = tmp_path / "state" / "state.db"
+    locker: sqlite3.Connection | None = None
+    try:
+        run.send("a", values[:100])
+        wait_for(lambda: len(run.releases) == 100 - TEMPLATE["holdout"], 30, what="first releases")
+        time.sleep(0.5)  # checkpoints of them
+        locker = sqlite3.connect(db, timeout=5, isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")  # the store's write lock, held by another process's connection
+        time.sleep(0.6)  # the next checkpoint is waiting for it now
+        t0 = time.monotonic()
+        run.send("a", values[100:160])
+        wait_for(lambda: len(run.releases) == 160 - TEMPLATE["holdout"], 3,
+                 what="releases while a checkpoint waits for the store")
+        assert time.monotonic() - t0 < 3.0
+        run.proc.send_signal(signal.SIGKILL)  # in the middle of that checkpoint
+        run.proc.wait(10)
+    finally:
+        if run.proc.poll() is None:
+            run.proc.kill()
+        if locker is not None:
+            locker.execute("ROLLBACK")
+            locker.close()
+    first = list(run.releases)
+    r = tops("run", "--config", str(cfg), stdin=b"".join(f"a,{v:g}\n".encode() for v in values[160:]))
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "Traceback" not in err, err
+    again = [x for x in map(json.loads, r.stdout.decode().splitlines()) if "tick" in x and "value" in x]
+    # every release of the restart is new or an identical repeat; together they are the replay of all 260 readings
+    before = {x["tick"]: x["value"] for x in first}
+    assert all(before.get(x["tick"], x["value"]) == x["value"] for x in again)
+    n = check_against_replay(first + again, values, tmp_path / "master.key", "a", tmp_path, identity_from_log(err))
+    assert n == len(values) - TEMPLATE["holdout"]
