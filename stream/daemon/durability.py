@@ -68,6 +68,7 @@ class _Cut:
     left_holdout: list[str]
     ticks_total: int
     t0: float
+    admissions: list[tuple[Any, ...]]
     pause: float = 0.0
 
 
@@ -369,7 +370,8 @@ class Durability:
     # -- streams ------------------------------------------------------------------------------------------------
     def factory(self, name: str) -> Any:
         """The operator of ``name``: admitted by the ledger, keyed by its generation, restored when stored."""
-        adm = self.store.admit(name, self.params, new_generation=name in self.new_generation)
+        # the ledger entry of a new stream is written by the next checkpoint (Store.admit, defer)
+        adm = self.store.admit(name, self.params, new_generation=name in self.new_generation, defer=True)
         keyed = self.master is not None and not self.daemon.local
         key: bytes | None = None
         if keyed:
@@ -548,6 +550,7 @@ class Durability:
         log.error("checkpoint failed (%s): the journal keeps the readings; retrying later", exc)
         if cut is not None:  # what it was to write is written by the next one
             self.changed.update(cut.states)
+            self.store.return_admissions(cut.admissions)
         self.wake.set()  # the sync loop notices a journal it cannot write
 
     def checkpoint(self) -> None:
@@ -558,6 +561,7 @@ class Durability:
             self._write(cut)
         except BaseException:
             self.changed.update(cut.states)  # what it was to write is written by the next one
+            self.store.return_admissions(cut.admissions)
             raise
         self._finish(cut)
 
@@ -615,7 +619,7 @@ class Durability:
         meta = None if red is None else {"redeliveries": json.dumps(red.snapshot(), separators=(",", ":"))}
         self.changed = set()  # what changes from now on is after the cut: the next checkpoint's
         cut = _Cut(states, position, self.outbox(), meta, None if spill is None else spill.read_pos, left_holdout,
-                   router.ticks_total, t0)
+                   router.ticks_total, t0, self.store.take_admissions())
         cut.pause = time.perf_counter() - t0
         return cut
 
@@ -624,7 +628,8 @@ class Durability:
         thread's part: the store's writer connection is used by nothing else)."""
         store = self.store
         try:
-            store.checkpoint(cut.states, cut.position, cut.outbox, meta=cut.meta, writer=True)
+            store.checkpoint(cut.states, cut.position, cut.outbox, meta=cut.meta, writer=True,
+                             admissions=cut.admissions)
         except sqlite3.Error:
             with contextlib.suppress(sqlite3.Error):  # a full disk: fold the store's WAL in, truncate it
                 store.purge_freed_pages(writer=True)

@@ -138,6 +138,7 @@ class Store:
         self._db = conn
         self._params_json: tuple[dict[str, Any], str] | None = None
         self._wdb: sqlite3.Connection | None = None
+        self._pending: dict[str, tuple[Any, ...]] = {}  # deferred admissions (admit(defer=True)), by stream
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, create: bool = True, readonly: bool = False) -> Store:
@@ -205,13 +206,21 @@ class Store:
             self._db.close()
 
     # -- the ledger ---------------------------------------------------------------------------------------------
-    def admit(self, name: str, params: dict[str, Any], *, new_generation: bool = False) -> Admission:
+    def admit(self, name: str, params: dict[str, Any], *, new_generation: bool = False,
+              defer: bool = False) -> Admission:
         """Check ``params`` against the ledger; return the generation and checkpointed state of the stream.
 
         A new stream gets generation 1 and a ledger entry. An existing one must have the same privacy parameters,
         unless ``new_generation``: then the old entry is retired, the generation goes up by one (a new key) and its
-        state starts afresh.
+        state starts afresh. ``defer``: the entry is written by the next :meth:`checkpoint` (in its transaction,
+        before the states) instead of a transaction of its own; until then this store answers for the stream from
+        memory. Safe because the generation is a function of what is durable: a crash before that checkpoint loses
+        the entry, and the restart, re-processing the same readings from the journal, admits the stream again to
+        the very same generation (the same key on the same data).
         """
+        pending = self._pending.get(name)
+        if pending is not None:  # admitted in this run, its entry not written yet
+            return Admission(name, pending[1], None)
         db = self._db
         row = db.execute("SELECT generation, params, state FROM streams WHERE name = ?", (name,)).fetchone()
         if row is not None:
@@ -227,30 +236,39 @@ class Store:
         else:  # new, or retired: a retired name comes back as its next generation (a new key, never an old one)
             last = db.execute("SELECT MAX(generation) FROM ledger WHERE stream = ?", (name,)).fetchone()[0]
             gen = 1 if last is None else int(last) + 1
-        now = _now()
-        pj = self._params_text(params)
-        with self._transaction():
-            db.execute("UPDATE ledger SET retired = ? WHERE stream = ? AND retired IS NULL", (now, name))
-            db.execute(
-                "INSERT INTO ledger (stream, generation, epsilon, threshold_epsilon, holdout, params, started) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    name,
-                    gen,
-                    params.get("epsilon"),
-                    params.get("threshold_epsilon") or params.get("epsilon"),
-                    params.get("holdout"),
-                    pj,
-                    now,
-                ),
-            )
-            db.execute(
-                "INSERT INTO streams (name, generation, params, state, updated) VALUES (?, ?, ?, NULL, ?) "
-                "ON CONFLICT(name) DO UPDATE SET generation = excluded.generation, params = excluded.params, "
-                "state = NULL, updated = excluded.updated",
-                (name, gen, pj, now),
-            )
+        entry = (name, gen, params.get("epsilon"), params.get("threshold_epsilon") or params.get("epsilon"),
+                 params.get("holdout"), self._params_text(params), _now())
+        if defer:
+            self._pending[name] = entry
+        else:
+            with self._transaction():
+                self._write_admissions(db, [entry])
         return Admission(name, gen, None)
+
+    @staticmethod
+    def _write_admissions(db: sqlite3.Connection, entries: list[tuple[Any, ...]]) -> None:
+        """The ledger entries (and stream rows, state empty) of admitted streams; the caller's transaction."""
+        db.executemany("UPDATE ledger SET retired = ? WHERE stream = ? AND retired IS NULL",
+                       [(e[6], e[0]) for e in entries])
+        db.executemany("INSERT INTO ledger (stream, generation, epsilon, threshold_epsilon, holdout, params, started) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?)", entries)
+        db.executemany(
+            "INSERT INTO streams (name, generation, params, state, updated) VALUES (?, ?, ?, NULL, ?) "
+            "ON CONFLICT(name) DO UPDATE SET generation = excluded.generation, params = excluded.params, "
+            "state = NULL, updated = excluded.updated",
+            [(e[0], e[1], e[5], e[6]) for e in entries],
+        )
+
+    def take_admissions(self) -> list[tuple[Any, ...]]:
+        """The deferred admissions so far, for a checkpoint to write (it hands them back if it fails)."""
+        out = list(self._pending.values())
+        self._pending = {}
+        return out
+
+    def return_admissions(self, entries: list[tuple[Any, ...]]) -> None:
+        """A checkpoint that failed: its admissions wait for the next one."""
+        for e in entries:
+            self._pending.setdefault(e[0], e)
 
     def _params_text(self, params: dict[str, Any]) -> str:
         """``params`` as the store writes them (made once per parameters object: every stream shares the daemon's)."""
@@ -324,6 +342,7 @@ class Store:
         meta: dict[str, str] | None = None,
         *,
         writer: bool = False,
+        admissions: list[tuple[Any, ...]] | None = None,
     ) -> None:
         """Write the states of the given streams (dicts, or their JSON text) and the journal position they cover,
         in one transaction.
@@ -331,12 +350,15 @@ class Store:
         ``outbox``: the messages not yet confirmed by the broker (replaces the stored outbox; None keeps it).
         ``meta``: more ``meta`` values to write in the same transaction. ``writer``: on the checkpoints' own
         connection (:meth:`_writer`; the daemon calls it from a worker thread, one checkpoint at a time).
+        ``admissions``: deferred ledger entries (:meth:`take_admissions`), written first.
         """
         now = _now()
         rows = [(s if isinstance(s, str) else json.dumps(s, separators=(",", ":")), now, name)
                 for name, s in states.items()]  # encoded before the transaction: it holds the write lock
         db = self._writer() if writer else self._db
         with self._transaction(db):
+            if admissions:
+                self._write_admissions(db, admissions)
             if outbox is not None:
                 db.execute("DELETE FROM outbox")
                 db.executemany(
