@@ -253,6 +253,17 @@ class BlockStats:
             self.partial[i] = cum[:, n] - cum[:, ends[-1]]
         self.pos += n
 
+    def copy(self) -> BlockStats:
+        """An independent copy (the widths and caps are shared: read-only)."""
+        out = BlockStats.__new__(BlockStats)
+        out.widths, out.caps, out.pos = self.widths, self.caps, self.pos
+        if not self.widths:  # the shared, read-only empties
+            out.partial, out.prev, out.acc, out.pairs = self.partial, self.prev, self.acc, self.pairs
+        else:
+            out.partial, out.prev = self.partial.copy(), self.prev.copy()
+            out.acc, out.pairs = self.acc.copy(), self.pairs.copy()
+        return out
+
     def to_dict(self) -> dict:
         return {
             "pos": self.pos,

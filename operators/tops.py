@@ -313,6 +313,24 @@ class ToPS:
             self._pending.clear()
 
     # -- checkpoints --------------------------------------------------------------------------------------------
+    def frozen(self) -> ToPS:
+        """A copy of this operator's holdout state as it is now, for a :meth:`snapshot` taken later (a daemon's
+        checkpoint copies its holdout streams in the event loop, a few microseconds each, and makes their snapshots
+        in its writer thread). The copy shares the configuration, the key's generator and the read-only parts."""
+        if self.theta_units is not None:
+            msg = "frozen() copies a holdout; a releasing stream's snapshot is taken at once"
+            raise ValueError(msg)
+        op = ToPS.__new__(ToPS)
+        for name in self.__slots__:
+            setattr(op, name, getattr(self, name))
+        hist = self._hist
+        if hist is not None:
+            op._hist = dict(hist) if isinstance(hist, dict) else hist.copy()
+        if self._blocks is not None:
+            op._blocks = self._blocks.copy()
+        op._pending = list(self._pending)
+        return op
+
     def snapshot(self) -> dict[str, Any]:
         """A JSON-serialisable picture of the state (no key; the holdout histogram while in the holdout: a dense list,
         or ``{"cells", "index", "count"}`` of its non-zero cells while it is sparse)."""

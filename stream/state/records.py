@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from itertools import compress
 from typing import Any
 
 import numpy as np
 
-from operators import ToPSConfig
+from operators import ToPS, ToPSConfig
 from operators.columnar import RowOperator
 from stream.core.router import StreamRecord
 from stream.core.ticking import CategoryBins, PeriodBins
@@ -26,15 +27,24 @@ STATE_VERSION = 1
 
 def record_state(rec: StreamRecord) -> dict[str, Any]:
     """What a stream record needs to continue exactly (no key, no raw reading; the holdout histogram while in it)."""
-    bins = rec.bins
     return {
         "version": STATE_VERSION,
         "operator": _compact(rec.operator.snapshot()),
         "last_seq": rec.last_seq,
         "ticks": rec.ticks,
-        "bins": None if bins is None else {"first": bins.first, "open": [
-            [k, [[c, n] for c, n in v.items()] if isinstance(v, dict) else v] for k, v in bins.bins.items()]},
+        "bins": _bins_state(rec.bins),
     }
+
+
+def _bins_state(bins: Any) -> dict[str, Any] | None:
+    return None if bins is None else {"first": bins.first, "open": [
+        [k, [[c, n] for c, n in v.items()] if isinstance(v, dict) else v] for k, v in bins.bins.items()]}
+
+
+def _later(op: ToPS, last_seq: int | None, ticks: int, bins: dict[str, Any] | None) -> dict[str, Any]:
+    """:func:`record_state` of a record whose parts were copied at a checkpoint's cut."""
+    return {"version": STATE_VERSION, "operator": _compact(op.snapshot()), "last_seq": last_seq, "ticks": ticks,
+            "bins": bins}
 
 
 _ROW_STATE = ('{"version":%d,"operator":{"version":1,"ticks":%d,"clamped":%d,"theta_units":%d,"smoother_layers":%d,'
@@ -42,11 +52,13 @@ _ROW_STATE = ('{"version":%d,"operator":{"version":1,"ticks":%d,"clamped":%d,"th
               '"history":[]}},"last_seq":%s,"ticks":%d,"bins":null}')
 
 
-def record_states(recs: list[StreamRecord]) -> dict[str, dict[str, Any] | str]:
-    """:func:`record_state` of many records, for a checkpoint: a stream that is a row of a columnar store (and has
-    no open periods) comes as its JSON text, made from the store's columns in one pass (the very text
-    ``json.dumps(record_state(rec), separators=(",", ":"))`` writes, about ten times faster); the others as dicts."""
-    out: dict[str, dict[str, Any] | str] = {}
+def record_states(recs: list[StreamRecord]) -> dict[str, Any]:
+    """:func:`record_state` of many records, for a checkpoint's cut: a stream that is a row of a columnar store (and
+    has no open periods) comes as its JSON text, made from the store's columns in one pass (the very text
+    ``json.dumps(record_state(rec), separators=(",", ":"))`` writes, about ten times faster); a ToPS stream in its
+    holdout as a function making its dict later (its state copied now: the snapshot and its encoding are the writer
+    thread's work); the others as dicts."""
+    out: dict[str, Any] = {}
     rows: dict[int, list[StreamRecord]] = {}  # id(pool) -> its records
     pools: dict[int, Any] = {}
     for rec in recs:
@@ -54,6 +66,8 @@ def record_states(recs: list[StreamRecord]) -> dict[str, dict[str, Any] | str]:
         if type(op) is RowOperator and rec.bins is None:
             rows.setdefault(id(op.pool), []).append(rec)
             pools[id(op.pool)] = op.pool
+        elif type(op) is ToPS and op.theta_units is None:  # a holdout: copied now, its snapshot made by the writer
+            out[rec.name] = partial(_later, op.frozen(), rec.last_seq, rec.ticks, _bins_state(rec.bins))
         else:
             out[rec.name] = record_state(rec)
     for pid, group in rows.items():

@@ -336,7 +336,7 @@ class Store:
 
     def checkpoint(
         self,
-        states: dict[str, dict[str, Any] | str],
+        states: dict[str, Any],
         journal_position: int,
         outbox: list[tuple[str, bytes, bool, int]] | None = None,
         meta: dict[str, str] | None = None,
@@ -344,8 +344,8 @@ class Store:
         writer: bool = False,
         admissions: list[tuple[Any, ...]] | None = None,
     ) -> None:
-        """Write the states of the given streams (dicts, or their JSON text) and the journal position they cover,
-        in one transaction.
+        """Write the states of the given streams (dicts, their JSON text, or functions making the dicts) and the
+        journal position they cover, in one transaction.
 
         ``outbox``: the messages not yet confirmed by the broker (replaces the stored outbox; None keeps it).
         ``meta``: more ``meta`` values to write in the same transaction. ``writer``: on the checkpoints' own
@@ -353,7 +353,7 @@ class Store:
         ``admissions``: deferred ledger entries (:meth:`take_admissions`), written first.
         """
         now = _now()
-        rows = [(s if isinstance(s, str) else json.dumps(s, separators=(",", ":")), now, name)
+        rows = [(s if isinstance(s, str) else json.dumps(s() if callable(s) else s, separators=(",", ":")), now, name)
                 for name, s in states.items()]  # encoded before the transaction: it holds the write lock
         db = self._writer() if writer else self._db
         with self._transaction(db):
