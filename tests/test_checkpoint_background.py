@@ -87,3 +87,41 @@ def test_intake_goes_on_while_a_checkpoint_waits_for_the_store_and_kill9_then_lo
     assert all(before.get(x["tick"], x["value"]) == x["value"] for x in again)
     n = check_against_replay(first + again, values, tmp_path / "master.key", "a", tmp_path, identity_from_log(err))
     assert n == len(values) - TEMPLATE["holdout"]
+
+
+def test_a_checkpoint_due_by_ticks_is_not_due_again_while_its_write_runs(tmp_path: Path) -> None:
+    """``checkpoint_every`` counts from the cut: while a checkpoint's write runs, the ticks it covers must not make
+    the next one due at once (found measuring: every tick-triggered checkpoint was followed by a second one)."""
+    import asyncio
+    import io
+    import os
+
+    from stream.core.config import build_config
+    from stream.daemon.service import Daemon
+
+    cfg = build_config({
+        "input": {"source": "stdin"}, "output": {"sinks": ["stdout"]},
+        "streams": {"key_file": str(tmp_path / "master.key"), "template": dict(TEMPLATE)},
+        "metrics": {"port": 0},
+        "state": {"data_dir": str(tmp_path / "state"), "checkpoint_interval": 3600.0, "checkpoint_every": 50},
+    })
+
+    async def run() -> None:
+        d = Daemon(cfg, stdin=io.BytesIO(b""), stdout=open(os.devnull, "w"), install_signals=False)
+        d.startup()
+        dur = d.durable
+        assert dur is not None
+        dur.begin_intake()
+        d.on_lines([f"a,{i % 7}".encode() for i in range(60)])
+        assert dur.checkpoint_due.is_set()  # 60 ticks >= 50
+        cut = dur._cut()  # the checkpoint starts; its write would now run in a worker thread
+        assert not dur.checkpoint_due.is_set()
+        d.on_lines([f"a,{i % 7}".encode() for i in range(10)])  # intake goes on meanwhile: 10 ticks, not 50
+        assert not dur.checkpoint_due.is_set()
+        dur._write(cut)
+        dur._finish(cut)
+        d.on_lines([f"a,{i % 7}".encode() for i in range(45)])  # 55 ticks after the cut
+        assert dur.checkpoint_due.is_set()
+        d.shutdown()
+
+    asyncio.run(run())

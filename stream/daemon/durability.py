@@ -618,6 +618,7 @@ class Durability:
         red = self.redeliveries
         meta = None if red is None else {"redeliveries": json.dumps(red.snapshot(), separators=(",", ":"))}
         self.changed = set()  # what changes from now on is after the cut: the next checkpoint's
+        self.ticks_at_checkpoint = router.ticks_total  # the next one is due checkpoint_every ticks after this cut
         cut = _Cut(states, position, self.outbox(), meta, None if spill is None else spill.read_pos, left_holdout,
                    router.ticks_total, t0, self.store.take_admissions())
         cut.pause = time.perf_counter() - t0
@@ -645,7 +646,6 @@ class Durability:
             spill.commit(cut.spill_pos)  # after the commit: a crash in between repeats messages, never loses one
         self.journal.drop_before(cut.position)
         self.saved_in_holdout.difference_update(cut.left_holdout)
-        self.ticks_at_checkpoint = cut.ticks_total
         self.checkpoints += 1
         dt = time.perf_counter() - cut.t0
         pause = cut.pause + time.perf_counter() - t1
