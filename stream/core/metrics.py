@@ -67,7 +67,11 @@ class Metrics:
         self.tick_latency = Histogram("tops_tick_latency_seconds", "Time to turn one stream's batch of ticks "
                                       "into releases.", buckets=LATENCY_BUCKETS, registry=r)
         self.checkpoint_seconds = Histogram("tops_checkpoint_seconds", "Duration of a checkpoint of the durable "
-                                            "state (intake waits meanwhile).", buckets=CHECKPOINT_BUCKETS, registry=r)
+                                            "state (its write runs in a worker thread while intake goes on).",
+                                            buckets=CHECKPOINT_BUCKETS, registry=r)
+        self.checkpoint_pause = Histogram("tops_checkpoint_pause_seconds", "The share of a checkpoint spent in the "
+                                          "event loop (its cut and its end): intake waits for it.",
+                                          buckets=CHECKPOINT_BUCKETS, registry=r)
         self.journal_synced = Counter("tops_journal_synced_readings", "Readings made durable in the input journal "
                                       "(accepted).", registry=None if counts_protected else r)
         self._server: Any = None

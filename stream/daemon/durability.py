@@ -653,6 +653,7 @@ class Durability:
         self.max_checkpoint_seconds = max(self.max_checkpoint_seconds, dt)
         self.max_checkpoint_pause = max(self.max_checkpoint_pause, pause)
         self.daemon.metrics.checkpoint_seconds.observe(dt)
+        self.daemon.metrics.checkpoint_pause.observe(pause)
         log.debug("checkpoint: %d streams written in %.3f s, %.3f s of it in the event loop (journal position %d)",
                   len(cut.states), dt, pause, cut.position)
 
