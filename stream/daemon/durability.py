@@ -60,13 +60,12 @@ log = logging.getLogger("tops.state")
 class _Cut:
     """What one checkpoint writes, taken at the cut (journal ``position``) in the event loop."""
 
-    states: dict[str, dict[str, Any] | str]
+    states: dict[str, Any]  # dicts, JSON texts, or functions making the dicts (stream.state.records)
     position: int
     outbox: list[tuple[str, bytes, bool, int]] | None
     meta: dict[str, str] | None
     spill_pos: int | None
     left_holdout: list[str]
-    ticks_total: int
     t0: float
     admissions: list[tuple[Any, ...]]
     pause: float = 0.0
@@ -144,7 +143,6 @@ class Durability:
         # periods on the wall clock: the arrival time decides the period, whatever the reading's ts
         self._arrival_time = daemon.router.clock is not None and not daemon.router.event_time
         self._record = daemon.router.record
-        self._identity: str | None = None  # the store's identity (stream keys derive from it), read once
         self._kind: tuple[type, Any] | None = None  # (operator class, its configuration): the same for every stream
         self.redeliveries: Redeliveries | None = None  # MQTT QoS 1 input: repeats the broker may send
         self.redelivered = Counter("tops_redeliveries_dropped", "QoS 1 messages the broker sent again after they "
@@ -375,9 +373,8 @@ class Durability:
         keyed = self.master is not None and not self.daemon.local
         key: bytes | None = None
         if keyed:
-            if self._identity is None:
-                self._identity = self.store.identity
-            key = derive_stream_key(self.master, name, identity=self._identity, generation=adm.generation)
+            # the store's identity, which _bind_key made the daemon's
+            key = derive_stream_key(self.master, name, identity=self.daemon.identity, generation=adm.generation)
         kind = self._kind
         if adm.state is None or kind is None:  # a new stream (or the first of this run: its kind is learnt)
             op = self.daemon.keyed_operator(key) if keyed else self._base_factory(name)
@@ -392,8 +389,8 @@ class Durability:
         except (KeyError, TypeError, ValueError) as exc:
             # the exception's text may quote the stored state (a holdout's counts are private): its type only
             msg = (f"stream {name!r}: the stored state does not fit the configuration ({type(exc).__name__}); its "
-                   f"readings are "
-                   f"refused (restore the old configuration, or start a new generation: --new-generation {name})")
+                   f"readings are refused (restore the old configuration, or start a new generation: "
+                   f"--new-generation {name})")
             raise StoreError(msg) from None
         self.restored[name] = adm.state
         if op.phase == "holdout":
@@ -548,9 +545,8 @@ class Durability:
 
     def _failed(self, exc: BaseException, cut: _Cut | None) -> None:
         log.error("checkpoint failed (%s): the journal keeps the readings; retrying later", exc)
-        if cut is not None:  # what it was to write is written by the next one
-            self.changed.update(cut.states)
-            self.store.return_admissions(cut.admissions)
+        if cut is not None:
+            self._hand_back(cut)
         self.wake.set()  # the sync loop notices a journal it cannot write
 
     def checkpoint(self) -> None:
@@ -560,10 +556,14 @@ class Durability:
         try:
             self._write(cut)
         except BaseException:
-            self.changed.update(cut.states)  # what it was to write is written by the next one
-            self.store.return_admissions(cut.admissions)
+            self._hand_back(cut)
             raise
         self._finish(cut)
+
+    def _hand_back(self, cut: _Cut) -> None:
+        """A checkpoint that failed: what it was to write is written by the next one."""
+        self.changed.update(cut.states)
+        self.store.return_admissions(cut.admissions)
 
     async def checkpoint_async(self) -> None:
         """One consistent checkpoint while intake goes on: its cut in one event-loop step (:meth:`_cut`: the journal
@@ -620,7 +620,7 @@ class Durability:
         self.changed = set()  # what changes from now on is after the cut: the next checkpoint's
         self.ticks_at_checkpoint = router.ticks_total  # the next one is due checkpoint_every ticks after this cut
         cut = _Cut(states, position, self.outbox(), meta, None if spill is None else spill.read_pos, left_holdout,
-                   router.ticks_total, t0, self.store.take_admissions())
+                   t0, self.store.take_admissions())
         cut.pause = time.perf_counter() - t0
         return cut
 

@@ -284,9 +284,9 @@ class Store:
         new = _privacy_view(params)
         out = []
         for (pj,) in self._db.execute("SELECT DISTINCT params FROM streams").fetchall():
-            if _privacy_view(json.loads(pj)) == new:
-                continue
             old = _privacy_view(json.loads(pj))
+            if old == new:
+                continue
             for name, gen in self._db.execute("SELECT name, generation FROM streams WHERE params = ? ORDER BY name",
                                               (pj,)):
                 if name not in skip:
