@@ -210,6 +210,9 @@ def test_failover_of_a_worker_and_a_nats_node_never_noises_a_tick_twice(nats_clu
             short = {s: len(v) - TEMPLATE["holdout"] - sum(1 for (n, _) in got if n == s)
                      for s, v in everything.items()}
             print("missing releases per stream:", {s: k for s, k in short.items() if k})
+            if any(short.values()):  # what the workers said (no value is ever logged)
+                for w in workers:
+                    print(f"--- {w.name}", *w.log().splitlines()[-40:], sep="\n")
         identity = asyncio.run(_identity(servers))
 
         def view() -> dict:
@@ -383,3 +386,151 @@ def test_a_paused_worker_does_not_publish_what_it_processed_before_losing_its_le
     published, owned, taken = asyncio.run(scenario())
     assert taken == 70
     assert published == 0 and owned == 0
+
+
+class _GetFailsOnce:
+    """The state bucket as the worker sees it while a NATS node dies: the first read of one key times out (the
+    client's own timeout, as in the failover test); everything else goes to the real bucket."""
+
+    def __init__(self, kv, key: str) -> None:
+        self.kv, self.key, self.armed = kv, key, True
+
+    async def get(self, key: str):
+        if self.armed and key == self.key:
+            self.armed = False
+            from nats.errors import TimeoutError as NatsTimeout
+
+            raise NatsTimeout
+        return await self.kv.get(key)
+
+    def __getattr__(self, name: str):
+        return getattr(self.kv, name)
+
+
+@pytest.mark.network
+def test_a_state_read_that_times_out_leaves_no_unloaded_stream_behind(nats_cluster: NatsCluster,
+                                                                       tmp_path: Path) -> None:
+    """The attack (the failover test lost a tick this way): a worker reads a stream's stored state the first time
+    it sees it, and that read times out (a NATS node was just killed). The step fails and the worker drops its
+    partitions, as ``serve`` does; it takes the partition again and goes on. The stream must be loaded from its
+    stored state then, not continue as the fresh record the failed read left behind (which restarts the stream at
+    tick 0, is never checkpointed, and lets the floor pass readings its stored state never took): every tick once,
+    equal to the replay."""
+    import nats
+
+    from stream.cluster.jetstream import ensure, state_key
+    from stream.cluster.worker import ClusterWorker
+
+    (tmp_path / "master.key").write_text(os.urandom(32).hex() + "\n")
+    (tmp_path / "master.key").chmod(0o600)
+    cfg = load_config(worker_config(tmp_path, nats_cluster, "a"))
+    cfg.nats.values["partitions"] = 1
+    master = load_master_key(tmp_path / "master.key")
+    values = np.random.default_rng(5).integers(0, 120, 120).astype(float)
+
+    async def scenario() -> tuple[dict[tuple[str, int], set[float]], str]:
+        w = ClusterWorker(cfg, master, name="a")
+        w.nc = await nats.connect(servers=nats_cluster.servers)
+        w.js = w.nc.jetstream(timeout=5.0)
+        w.kv = await ensure(w.js, w.names)
+        await w._identity()
+        pjs = w.nc.jetstream()
+
+        async def feed(first: int, last: int) -> None:
+            for i in range(first, last):
+                await pjs.publish(f"{cfg.nats.input_subject}.0.x", f"{values[i]:g}".encode(),
+                                  headers={"Nats-Msg-Id": f"x:{i}"})
+
+        async def run_until(n: int) -> None:
+            for _ in range(400):
+                if 0 in w.owned and w.owned[0].applied >= n:
+                    break
+                try:  # what serve does with a step that fails
+                    if 0 not in w.owned:
+                        await w._acquire(0)
+                    await w._step()
+                    await w._maintain(0.0)
+                except Exception as exc:
+                    await w._reset(type(exc).__name__)
+            await w._maintain(0.0)
+
+        await w._acquire(0)
+        await feed(0, 70)
+        await run_until(70)  # tick 69 is in the stored state; releases 50..69 out
+        await w._reset("a test")  # the partition is dropped (it could be anything: a publish not confirmed)
+        w.kv["state"] = _GetFailsOnce(w.kv["state"], state_key("x"))
+        await feed(70, 120)
+        await run_until(120)
+        await w.nc.close()
+        return await _releases(nats_cluster.servers), await _identity(nats_cluster.servers)
+
+    got, identity = asyncio.run(scenario())
+    op = build_operator(cfg.template, "tops", derive_stream_key(master, "x", identity=identity))
+    want = {t: float(x) for t, x in enumerate(op.process(values)) if not np.isnan(x)}
+    assert {t: vals for (s, t), vals in got.items() if s == "x"} == {t: {v} for t, v in want.items()}
+
+
+class _LosesOneDelivery:
+    """A partition's pull subscription whose connection drops one delivery in flight (the server counts it
+    delivered: its node died while the message was on the wire); everything else is the real consumer's."""
+
+    def __init__(self, sub, lose: int) -> None:
+        self.sub, self.lose, self.seen = sub, lose, 0
+
+    async def fetch(self, batch: int, timeout: float):
+        msgs = await self.sub.fetch(batch, timeout=timeout)
+        out = []
+        for m in msgs:
+            self.seen += 1
+            if self.seen != self.lose:
+                out.append(m)
+        return out
+
+    def __getattr__(self, name: str):
+        return getattr(self.sub, name)
+
+
+@pytest.mark.network
+def test_a_delivery_lost_in_flight_is_fetched_again_not_acknowledged_away(nats_cluster: NatsCluster,
+                                                                           tmp_path: Path) -> None:
+    """The attack (how the failover test lost one tick of one stream): a node dies while a fetched message is on
+    the wire. The consumer counts it delivered and goes on with the next ones; a worker that takes the later messages,
+    moves the floor past them and acknowledges them (ack policy all) has acknowledged away a reading it never saw.
+    The worker sees the gap in the consumer's delivery sequence and fetches again from the last message it took:
+    every tick once, equal to the replay."""
+    import nats
+
+    from stream.cluster.jetstream import ensure
+    from stream.cluster.worker import ClusterWorker
+
+    (tmp_path / "master.key").write_text(os.urandom(32).hex() + "\n")
+    (tmp_path / "master.key").chmod(0o600)
+    cfg = load_config(worker_config(tmp_path, nats_cluster, "a"))
+    cfg.nats.values["partitions"] = 1
+    master = load_master_key(tmp_path / "master.key")
+    values = np.random.default_rng(6).integers(0, 120, 120).astype(float)
+
+    async def scenario() -> tuple[dict[tuple[str, int], set[float]], str]:
+        w = ClusterWorker(cfg, master, name="a")
+        w.nc = await nats.connect(servers=nats_cluster.servers)
+        w.js = w.nc.jetstream(timeout=5.0)
+        w.kv = await ensure(w.js, w.names)
+        await w._identity()
+        pjs = w.nc.jetstream()
+        for i, v in enumerate(values):
+            await pjs.publish(f"{cfg.nats.input_subject}.0.x", f"{v:g}".encode(), headers={"Nats-Msg-Id": f"x:{i}"})
+        await w._acquire(0)
+        w.owned[0].sub = _LosesOneDelivery(w.owned[0].sub, lose=80)
+        for _ in range(200):
+            if w.owned[0].applied >= 120 and not w.router.dirty:
+                break
+            await w._step()
+            await w._maintain(0.0)
+        await w._maintain(0.0)
+        await w.nc.close()
+        return await _releases(nats_cluster.servers), await _identity(nats_cluster.servers)
+
+    got, identity = asyncio.run(scenario())
+    op = build_operator(cfg.template, "tops", derive_stream_key(master, "x", identity=identity))
+    want = {t: float(x) for t, x in enumerate(op.process(values)) if not np.isnan(x)}
+    assert {t: vals for (s, t), vals in got.items() if s == "x"} == {t: {v} for t, v in want.items()}

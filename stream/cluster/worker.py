@@ -5,7 +5,10 @@ Per owned partition ``p`` the worker reads, in order, a durable pull consumer on
 right after the partition's *floor* (the last input sequence whose effect is in the state bucket). Every message
 is one stream's readings (the subject's last token names the stream; the payload is what MQTT readings are). A
 stream's state is loaded from the state bucket the first time the worker sees it; a message at or below the stream's
-stored input sequence is already in that state and is skipped, so nothing is counted twice after a failover.
+stored input sequence is already in that state and is skipped, so nothing is counted twice after a failover. The
+consumer's delivery sequence must go up by one from message to message: a gap is a delivery lost in flight (a node
+died with it on the wire), and the consumer is made again right after the last message taken, so that nothing is
+acknowledged that was not seen.
 
 The same :class:`stream.core.router.Router` and operators as ``tops run`` and ``tops replay`` release every tick; the
 release is published to ``<output_subject>.<stream>`` with the message id ``<stream>:<tick>`` and its ``ts`` is the
@@ -67,6 +70,8 @@ class Partition:
     floor_rev: int | None = None
     applied: int = 0  # last input sequence applied in memory
     last_msg: Any = None  # the last message taken (acknowledged, with all before it, once the floor covers it)
+    delivered: int = 0  # the consumer's delivery sequence of the last message taken (a gap: one was lost)
+    gap: bool = False  # a delivery went missing: the consumer is made again right after ``applied``
     sub: Any = None
     consumer: str = ""
     streams: set[str] = field(default_factory=set)
@@ -101,6 +106,9 @@ class ClusterWorker:
                                   registry=reg)
         self.m_fenced = Counter("tops_cluster_partitions_lost", "Partitions lost to another worker (a refused "
                                 "compare-and-set or an expired lease)", registry=reg)
+        self.m_lost = Counter("tops_cluster_deliveries_lost", "Gaps in a partition's delivery sequence (a message "
+                              "lost in flight): the consumer is made again after the last message taken",
+                              registry=reg)
         self.m_checkpoints = Counter("tops_cluster_checkpoints", "Partition checkpoints written", registry=reg)
 
     # -- streams ----------------------------------------------------------------------------------------------------
@@ -109,12 +117,13 @@ class ClusterWorker:
         return build_operator(self.template, "tops", key)
 
     async def _record(self, name: str, part: Partition) -> StreamRecord | None:
+        """The stream's record, loaded from the state bucket the first time the worker sees it. The stored state is
+        read before the record exists: a read that fails (a timeout while a node dies) leaves no record behind, and
+        the next sight reads it again (a fresh record left in memory would restart the stream at tick 0)."""
         rec = self.router.streams.get(name)
         if rec is not None:
             return rec
-        try:
-            rec = self.router.record(name)
-        except StreamCapError:
+        if len(self.router.streams) >= self.router.max_streams:
             self.m_readings.labels("stream_cap").inc()
             return None
         from nats.js.errors import KeyNotFoundError
@@ -123,6 +132,11 @@ class ClusterWorker:
             entry = await self.kv["state"].get(state_key(name))
         except KeyNotFoundError:
             entry = None
+        try:
+            rec = self.router.record(name)
+        except StreamCapError:
+            self.m_readings.labels("stream_cap").inc()
+            return None
         if entry is not None and entry.value:
             state = json.loads(entry.value)
             op = rec.operator
@@ -158,6 +172,11 @@ class ClusterWorker:
         prefix = f"{self.names.input_subject}.{part.index}."
         limit = self.cfg.input.max_payload_bytes
         for m in msgs:
+            if m.metadata.sequence.consumer != part.delivered + 1:  # a delivery lost in flight: fetch again from here
+                part.gap = True
+                self.m_lost.inc()
+                return
+            part.delivered += 1
             seq = m.metadata.sequence.stream
             part.last_msg = m
             part.applied = max(part.applied, seq)
@@ -267,17 +286,35 @@ class ClusterWorker:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.kv["leases"].delete(lease_key(part.index), last=part.lease_rev), 2.0)
             self._forget(part)
-        self.router.flush()  # whatever was pending belongs to dropped streams: nothing is kept
+        # a worker without partitions holds no stream: whatever is left (a record half made when the step failed)
+        # would be taken for the stream's stored state the next time
+        self.router.flush()
+        self.router.streams.clear()
+        self.router.in_holdout = self.router.failed = 0
+        for d in (self.of_stream, self.js_seq, self.state_rev):
+            d.clear()
+        self.changed.clear()
         self.m_partitions.set(0)
 
     async def _acquire(self, index: int) -> None:
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+        from nats.js.errors import KeyWrongLastSequenceError
 
         try:  # create: refused while another worker's lease lives (a deleted or expired one can be taken)
             rev = await self.kv["leases"].create(lease_key(index), self.name.encode())
         except KeyWrongLastSequenceError:
             return  # someone else's
+        try:
+            await self._claim(index, rev)
+        except BaseException:  # half taken (a timeout while the cluster elects): the lease goes back now, not at ttl
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.kv["leases"].delete(lease_key(index), last=rev), 2.0)
+            raise
+
+    async def _claim(self, index: int, rev: int) -> None:
+        """The rest of :meth:`_acquire` under a new lease: the floor claimed (the fence), the old consumer deleted,
+        this lease's consumer made."""
+        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+
         part = Partition(index, rev, renewed=time.monotonic())
         state = self.kv["state"]
         try:
@@ -301,18 +338,46 @@ class ClusterWorker:
                 await self.kv["leases"].delete(lease_key(index), last=rev)
             return
         part.applied = part.floor
-        durable = part.consumer
         if previous:
             with contextlib.suppress(NotFoundError):
                 await self.js.delete_consumer(self.names.input_stream, previous)
-        cc = ConsumerConfig(durable_name=durable, filter_subject=self.names.partition_subject(index),
-                            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=part.floor + 1,
-                            ack_policy=AckPolicy.ALL, ack_wait=60.0, max_ack_pending=-1)
-        await self.js.add_consumer(self.names.input_stream, cc)
-        part.sub = await self.js.pull_subscribe_bind(durable=durable, stream=self.names.input_stream)
+        await self._consume(part)
         self.owned[index] = part
         self.m_partitions.set(len(self.owned))
         log.info("partition %d taken (floor %d)", index, part.floor)
+
+    async def _consume(self, part: Partition) -> None:
+        """The partition's consumer (this lease's name), delivering from right after the last message taken."""
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        cc = ConsumerConfig(durable_name=part.consumer, filter_subject=self.names.partition_subject(part.index),
+                            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=part.applied + 1,
+                            ack_policy=AckPolicy.ALL, ack_wait=60.0, max_ack_pending=-1)
+        await self.js.add_consumer(self.names.input_stream, cc)
+        part.sub = await self.js.pull_subscribe_bind(durable=part.consumer, stream=self.names.input_stream)
+        part.delivered, part.gap, part.last_msg = 0, False, None
+
+    async def _refetch(self, part: Partition) -> None:
+        """A delivery was lost in flight (a node died with it on the wire): the consumer counts it delivered, and
+        acknowledging a later message (ack policy all) would acknowledge it away. The lease is renewed first (a
+        partition lost meanwhile is dropped, no consumer is made for it again), then the consumer is made again from
+        right after the last message taken; the messages after the gap were not taken and come again in order."""
+        from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
+
+        try:
+            part.lease_rev = await self.kv["leases"].update(lease_key(part.index), self.name.encode(),
+                                                            last=part.lease_rev)
+        except KeyWrongLastSequenceError:
+            await self._drop(part, hand_back=False)
+            return
+        part.renewed = time.monotonic()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(part.sub.unsubscribe(), 2.0)
+        with contextlib.suppress(NotFoundError):
+            await self.js.delete_consumer(self.names.input_stream, part.consumer)
+        await self._consume(part)
+        log.warning("partition %d: a delivery was lost in flight; fetching again after sequence %d", part.index,
+                    part.applied)
 
     async def _drop(self, part: Partition, *, hand_back: bool) -> None:
         """Stop running a partition; ``hand_back``: checkpoint it and delete the lease so another takes it now."""
@@ -381,6 +446,8 @@ class ClusterWorker:
                 continue
             await self._take(part, msgs)
             n += len(msgs)
+            if part.gap:
+                await self._refetch(part)
         if n:
             await self._fresh_leases()
             await self._publish()
@@ -467,7 +534,7 @@ class ClusterWorker:
                 last_checkpoint = await self._maintain(last_checkpoint)
             except Exception as exc:  # the cluster is unreachable for a moment: retry, leases decide the rest
                 log.debug("cluster step failed", exc_info=True)
-                await self._reset(type(exc).__name__)
+                await self._reset(_where(exc))
                 await asyncio.sleep(0.5)
         for part in list(self.owned.values()):
             await self._drop(part, hand_back=True)
@@ -492,6 +559,17 @@ class ClusterWorker:
             msg = ("the cluster's streams were started with other privacy parameters (stream template); refusing "
                    "to start (run every worker with the same [streams.template])")
             raise WorkerError(msg)
+
+
+def _where(exc: BaseException) -> str:
+    """The exception's type and the worker's step it came from (``TimeoutError in _record``): no message, no value."""
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == __file__:
+            where = tb.tb_frame.f_code.co_name
+        tb = tb.tb_next
+    return f"{type(exc).__name__} in {where}" if where else type(exc).__name__
 
 
 def run_worker(cfg: DaemonConfig) -> int:
