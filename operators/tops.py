@@ -315,8 +315,9 @@ class ToPS:
     # -- checkpoints --------------------------------------------------------------------------------------------
     def frozen(self) -> ToPS:
         """A copy of this operator's holdout state as it is now, for a :meth:`snapshot` taken later (a daemon's
-        checkpoint copies its holdout streams in the event loop, a few microseconds each, and makes their snapshots
-        in its writer thread). The copy shares the configuration, the key's generator and the read-only parts."""
+        checkpoint lends its holdout streams to its writer thread, and copies one only when it takes a reading before
+        the writer made its snapshot). The copy shares the configuration, the key's generator and the read-only
+        parts."""
         if self.theta_units is not None:
             msg = "frozen() copies a holdout; a releasing stream's snapshot is taken at once"
             raise ValueError(msg)

@@ -50,6 +50,8 @@ class StreamRecord:
     identity: str = ""  # the run's or the store's identity its key derives from (stream/core/keys.py; not secret)
     failed: bool = False
     last_seen: float = 0.0  # time.monotonic() of the last reading taken (idle eviction)
+    lent: Any = None  # a checkpoint's writer may still read this holdout operator: ``lent.detach()`` before
+    # changing it (stream/state/records.py)
 
     def status(self) -> dict[str, Any]:
         """The retained status message of this stream (with the identity that ``tops replay --identity`` takes)."""
@@ -275,6 +277,10 @@ class Router:
 
     def _process_batch(self, rec: StreamRecord, values: list[float], ts: list[float]) -> ReleaseBatch | None:
         t0 = time.perf_counter()
+        lent = rec.lent
+        if lent is not None:  # a checkpoint's writer gets the operator as it was at the cut, copied only now
+            rec.lent = None
+            lent.detach()
         op = rec.operator
         n = len(values)
         if getattr(op, "takes_categories", False):  # one histogram release per period

@@ -42,6 +42,7 @@ from stream.core.router import ReleaseBatch, Router, StreamRecord
 from stream.core.sinks import PublishQueue, StdoutSink, encode_releases, encode_status
 from stream.core.ticking import PeriodClock
 from stream.daemon.durability import Durability
+from stream.daemon.phaselog import PhaseLog
 from stream.daemon.preflight import DataDirLocked, lock_data_dir, preflight
 from stream.daemon.sources import OVERLONG_LINE, MqttLink, StdinSource, TopicRouter
 from stream.state.store import StoreError
@@ -97,6 +98,7 @@ class Daemon:
         self.rejected = RateLimitedLog()
         self.msg_counts = dict.fromkeys(MESSAGE_RESULTS, 0)
         self.cap_readings = 0
+        self.phase_log = PhaseLog()
         self.stdout_written = 0
         self.epsilon = cfg.template.epsilon
         self.pubq: PublishQueue | None = None
@@ -286,6 +288,8 @@ class Daemon:
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.close()
+        if hasattr(self, "phase_log"):
+            self.phase_log.roll(final=True)
         log.info("stopped: %d streams", len(self.router.streams) if hasattr(self, "router") else 0)
 
     def on_signal(self, sig: int) -> None:
@@ -546,8 +550,9 @@ class Daemon:
         if stdout is not None and batches:
             stdout.flush()
         if self.router.status_now:
+            note = self.phase_log.note
             for rec in self.router.status_now:
-                log.info("stream %r: %s", rec.name, rec.phase)
+                note(rec.name, rec.phase)
                 self.publish_status(rec)
             self.router.status_now.clear()
 
@@ -628,6 +633,7 @@ class Daemon:
 
     def account(self) -> None:
         """Push the local counters into the metrics (cheap per message, batched per interval)."""
+        self.phase_log.roll()
         m = self.metrics
         for result, n in self.msg_counts.items():
             if n:

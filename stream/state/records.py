@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from functools import partial
+import threading
 from itertools import compress
 from typing import Any
 
@@ -20,7 +20,7 @@ from operators.columnar import RowOperator
 from stream.core.router import StreamRecord
 from stream.core.ticking import CategoryBins, PeriodBins
 
-__all__ = ["STATE_VERSION", "apply_state", "operator_snapshot", "record_state", "record_states"]
+__all__ = ["STATE_VERSION", "Lent", "apply_state", "operator_snapshot", "record_state", "record_states"]
 
 STATE_VERSION = 1
 
@@ -41,10 +41,36 @@ def _bins_state(bins: Any) -> dict[str, Any] | None:
         [k, [[c, n] for c, n in v.items()] if isinstance(v, dict) else v] for k, v in bins.bins.items()]}
 
 
-def _later(op: ToPS, last_seq: int | None, ticks: int, bins: dict[str, Any] | None) -> dict[str, Any]:
-    """:func:`record_state` of a record whose parts were copied at a checkpoint's cut."""
-    return {"version": STATE_VERSION, "operator": _compact(op.snapshot()), "last_seq": last_seq, "ticks": ticks,
-            "bins": bins}
+class Lent:
+    """A holdout operator lent by a checkpoint's cut to its writer thread, with the record's other fields as they
+    were at the cut: copy on write. The writer calls it for the record's state (under the entry's lock); the event
+    loop calls :meth:`detach` before it changes the operator (``StreamRecord.lent``), which copies the operator for
+    the writer only if the writer has not taken its state yet. A cut of many holdout streams thus costs a reference
+    each in the event loop, not a copy of each histogram (the copies happen, one at a time, only for streams that take
+    a reading while the write runs)."""
+
+    __slots__ = ("bins", "done", "last_seq", "lock", "op", "ticks")
+
+    def __init__(self, op: ToPS, last_seq: int | None, ticks: int, bins: dict[str, Any] | None) -> None:
+        # a lock of its own: the event loop waits only for the writer's work on this very stream (one lock for all
+        # starved it: the writer, holding the interpreter, took the free lock again for the next stream at once)
+        self.lock = threading.Lock()
+        self.op, self.last_seq, self.ticks, self.bins = op, last_seq, ticks, bins
+        self.done = False
+
+    def detach(self) -> None:
+        """The event loop is about to change the operator: the writer keeps a copy of it as it was at the cut."""
+        with self.lock:
+            if not self.done:
+                self.op = self.op.frozen()
+
+    def __call__(self) -> dict[str, Any]:
+        """The record's state at the cut (the writer thread; once)."""
+        with self.lock:
+            snap = _compact(self.op.snapshot())  # new lists and dicts: nothing in it is the operator's own
+            self.done, self.op = True, None
+        return {"version": STATE_VERSION, "operator": snap, "last_seq": self.last_seq, "ticks": self.ticks,
+                "bins": self.bins}
 
 
 _ROW_STATE = ('{"version":%d,"operator":{"version":1,"ticks":%d,"clamped":%d,"theta_units":%d,"smoother_layers":%d,'
@@ -56,8 +82,8 @@ def record_states(recs: list[StreamRecord]) -> dict[str, Any]:
     """:func:`record_state` of many records, for a checkpoint's cut: a stream that is a row of a columnar store (and
     has no open periods) comes as its JSON text, made from the store's columns in one pass (the very text
     ``json.dumps(record_state(rec), separators=(",", ":"))`` writes, about ten times faster); a ToPS stream in its
-    holdout as a function making its dict later (its state copied now: the snapshot and its encoding are the writer
-    thread's work); the others as dicts."""
+    holdout as a :class:`Lent` making its dict later (copied only if the event loop changes it first: the snapshot
+    and its encoding are the writer thread's work); the others as dicts."""
     out: dict[str, Any] = {}
     rows: dict[int, list[StreamRecord]] = {}  # id(pool) -> its records
     pools: dict[int, Any] = {}
@@ -66,8 +92,8 @@ def record_states(recs: list[StreamRecord]) -> dict[str, Any]:
         if type(op) is RowOperator and rec.bins is None:
             rows.setdefault(id(op.pool), []).append(rec)
             pools[id(op.pool)] = op.pool
-        elif type(op) is ToPS and op.theta_units is None:  # a holdout: copied now, its snapshot made by the writer
-            out[rec.name] = partial(_later, op.frozen(), rec.last_seq, rec.ticks, _bins_state(rec.bins))
+        elif type(op) is ToPS and op.theta_units is None:  # a holdout: lent to the writer, copied on write
+            out[rec.name] = rec.lent = Lent(op, rec.last_seq, rec.ticks, _bins_state(rec.bins))
         else:
             out[rec.name] = record_state(rec)
     for pid, group in rows.items():

@@ -1,0 +1,95 @@
+"""A checkpoint's cut lends its holdout streams to the writer thread instead of copying them (copy on write): the
+writer must still write every stream's state exactly as it was at the cut while the event loop goes on feeding the
+same streams, and nothing the writer does may change what a stream releases later."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+
+import numpy as np
+
+from operators.config import ToPSConfig
+from operators.tops import ToPS
+from stream.core.router import Router
+from stream.state.records import Lent, record_state, record_states
+
+CFG = ToPSConfig(epsilon=1.0, bound=100, holdout=60, query_range=256, fanout=4)
+
+
+def key_of(name: str) -> bytes:
+    return hashlib.sha256(name.encode()).digest()
+
+
+def test_the_writer_and_the_event_loop_race_on_lent_holdouts() -> None:
+    """The attack: the writer thread makes the lent states in a random order while the main thread (the event loop)
+    feeds readings into the very same streams and processes them. Every state written is the stream's state at the
+    cut (byte for byte), five cuts in a row; afterwards every stream releases exactly what its own operator releases
+    from the same readings with no checkpoint at all (the writer's snapshot of a live operator changed nothing)."""
+    rng = np.random.default_rng(8)
+    names = [f"h{i}" for i in range(150)]
+    router = Router(lambda name: ToPS(CFG, key_of(name)), 1000)
+    fed: dict[str, list[float]] = {n: [] for n in names}
+    got: dict[str, dict[int, float]] = {n: {} for n in names}
+
+    def feed(k: int) -> None:
+        for _ in range(k):
+            name = names[int(rng.integers(len(names)))]
+            v = float(rng.integers(0, 100))
+            fed[name].append(v)
+            assert router.add(router.record(name), v, None, None, 0.0) == "ok"
+        for b in router.flush():
+            got[b.record.name].update(zip(b.ticks, b.values, strict=True))
+
+    feed(1500)
+    lent_total = 0
+    for _cut in range(5):
+        recs = [r for r in router.streams.values() if r.operator.phase == "holdout"]
+        wants = {r.name: json.dumps(record_state(r), separators=(",", ":")) for r in recs}
+        states = record_states(recs)
+        lent = [n for n, s in states.items() if isinstance(s, Lent)]
+        lent_total += len(lent)
+        made: dict[str, str] = {}
+        order = list(rng.permutation(lent))
+
+        def writer(order: list[str] = order, states: dict = states, made: dict = made) -> None:
+            for n in order:
+                made[n] = json.dumps(states[n](), separators=(",", ":"))
+
+        t = threading.Thread(target=writer)
+        t.start()
+        while t.is_alive():
+            feed(40)  # readings into the lent streams while the writer runs
+        t.join()
+        assert made == {n: wants[n] for n in lent}
+        feed(300)
+    assert lent_total > 300
+    feed(9000)  # every holdout ends; releases from here on
+    for n in names:
+        alone = ToPS(CFG, key_of(n)).process(np.asarray(fed[n]))
+        want = {t: float(x) for t, x in enumerate(alone) if not np.isnan(x)}
+        assert got[n] == want, n
+
+
+def test_a_lent_holdout_is_copied_only_when_it_changes_before_the_writer() -> None:
+    """The cut copies nothing; a stream that takes a reading before the writer made its state is copied then (the
+    writer gets the state at the cut), one that does not is never copied."""
+    router = Router(lambda name: ToPS(CFG, key_of(name)), 10)
+    for name in ("a", "b"):
+        rec = router.record(name)
+        for v in (3.0, 5.0, 8.0):
+            router.add(rec, v, None, None, 0.0)
+    router.flush()
+    a, b = router.streams["a"], router.streams["b"]
+    want_a = json.dumps(record_state(a), separators=(",", ":"))
+    states = record_states([a, b])
+    assert states["a"].op is a.operator and states["b"].op is b.operator  # lent, not copied
+    router.add(a, 9.0, None, None, 0.0)
+    router.flush()
+    assert states["a"].op is not a.operator and a.lent is None  # copied at a's first change
+    assert states["b"].op is b.operator  # untouched: never copied
+    assert json.dumps(states["a"](), separators=(",", ":")) == want_a
+    states["b"]()
+    router.add(b, 1.0, None, None, 0.0)  # after the writer: nothing left to copy
+    router.flush()

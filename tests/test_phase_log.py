@@ -1,0 +1,64 @@
+"""Streams changing phase are logged by name only for the first few per window; the rest are counted in one line,
+so that a fleet starting does not log two lines per stream (and every change is still accounted for)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stream.daemon.phaselog import PhaseLog
+from tests.conftest import write_toml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_burst_of_phase_changes_is_named_then_counted(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    pl = PhaseLog(burst=3, window=10.0, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="tops"):
+        for i in range(50):
+            pl.note(f"m{i}", "holdout" if i < 30 else "releasing")
+        pl.roll()  # the window is not over: nothing yet
+        assert len(caplog.records) == 3
+        now[0] = 10.5
+        pl.roll()
+        pl.note("late", "failed")  # a new window: named again
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[:3] == ["stream 'm0': holdout", "stream 'm1': holdout", "stream 'm2': holdout"]
+    assert lines[3].startswith("47 more streams changed phase in the last 10 s (holdout 27, releasing 20)")
+    assert lines[4] == "stream 'late': failed"
+
+
+def test_a_fleet_starting_logs_a_bounded_number_of_lines(tmp_path: Path) -> None:
+    """The attack: 2,000 new streams through their holdout on stdin. Before, 4,000 lines (one per stream and phase);
+    now at most the burst named plus the counts, and the counts add up to every change."""
+    cfg = write_toml(tmp_path / "tops.toml", {
+        "input": {"source": "stdin"}, "output": {"sinks": ["stdout"]},
+        "streams": {"key_file": str(tmp_path / "k"), "max_streams": 5000,
+                    "template": {"epsilon": 1.0, "bound": 100.0, "holdout": 3, "query_range": 64, "fanout": 4}},
+        "state": {"data_dir": ""}, "metrics": {"port": 0},
+    })
+    lines = "".join(f"m{i},{(i * r) % 90}\n" for r in range(4) for i in range(2000))
+    run = subprocess.run([sys.executable, "-m", "stream.cli", "run", "--config", str(cfg)], input=lines.encode(),
+                         cwd=ROOT, capture_output=True, check=True, timeout=120)
+    err = run.stderr.decode()
+    named = re.findall(r"stream '(m\d+)': (holdout|releasing)", err)
+    counted = [(int(n.replace(",", "")), by) for n, by in
+               re.findall(r"([\d,]+) more streams changed phase in the last \d+ s \(([^)]*)\)", err)]
+    assert len(named) <= 40 and counted
+    total = {"holdout": 0, "releasing": 0}
+    for _, phase in named:
+        total[phase] += 1
+    for _, by in counted:
+        for part in by.split(", "):
+            phase, k = part.split(" ")
+            total[phase] += int(k.replace(",", ""))
+    # one line or count per change (a stream created and out of its holdout in the same step is logged with the
+    # phase it has then, twice: as before)
+    assert sum(total.values()) == 4000 and total["releasing"] >= 2000
+    assert len(run.stdout.splitlines()) == 2000  # the fourth reading of each stream: released
