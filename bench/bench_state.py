@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from stream.core.config import build_config  # noqa: E402
-from stream.daemon.service import Daemon  # noqa: E402
+from stream.daemon.service import Daemon, settle_heap  # noqa: E402
 
 TEMPLATE = {"epsilon": 1.0, "bound": 1000.0, "holdout": 100, "query_range": 1 << 16, "fanout": 16}
 
@@ -128,6 +128,7 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=20_000)
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}")
+    settle_heap()  # as `tops run` does before its daemon starts
     with tempfile.TemporaryDirectory(prefix="tops-bench-state-", dir=ROOT) as t:
         asyncio.run(checkpoints(Path(t) / "a", args.streams))
         asyncio.run(stall(Path(t) / "b", args.streams, args.seconds, args.rate))
