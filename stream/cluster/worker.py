@@ -426,7 +426,13 @@ class ClusterWorker:
                 continue  # held
             except (KeyNotFoundError, KeyDeletedError):
                 pass
-            await self._acquire(i)
+            try:
+                await self._acquire(i)
+            except Exception as exc:  # its lease went back; the partitions held go on: resetting all of them would
+                # need a new consumer for each, and after a node died consumer creations that outlast the timeout (a
+                # raft election waiting out the dead peer) dropped every partition again, round after round
+                log.warning("partition %d: not taken (%s); tried again later", i, _where(exc))
+                break
 
     # -- the loops --------------------------------------------------------------------------------------------------
     async def _step(self) -> int:
