@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -388,6 +389,30 @@ def test_a_paused_worker_does_not_publish_what_it_processed_before_losing_its_le
     assert published == 0 and owned == 0
 
 
+def _one_partition(tmp_path: Path, cluster: NatsCluster) -> tuple[Any, bytes]:
+    """A worker configuration with one partition, and a fresh master key (the single-worker attack tests)."""
+    (tmp_path / "master.key").write_text(os.urandom(32).hex() + "\n")
+    (tmp_path / "master.key").chmod(0o600)
+    cfg = load_config(worker_config(tmp_path, cluster, "a"))
+    cfg.nats.values["partitions"] = 1
+    return cfg, load_master_key(tmp_path / "master.key")
+
+
+async def _joined(cfg: Any, master: bytes, cluster: NatsCluster) -> Any:
+    """Worker "a", connected to the cluster, its buckets and the cluster's identity ready (no partition yet)."""
+    import nats
+
+    from stream.cluster.jetstream import ensure
+    from stream.cluster.worker import ClusterWorker
+
+    w = ClusterWorker(cfg, master, name="a")
+    w.nc = await nats.connect(servers=cluster.servers)
+    w.js = w.nc.jetstream(timeout=5.0)
+    w.kv = await ensure(w.js, w.names)
+    await w._identity()
+    return w
+
+
 class _GetFailsOnce:
     """The state bucket as the worker sees it while a NATS node dies: the first read of one key times out (the
     client's own timeout, as in the failover test); everything else goes to the real bucket."""
@@ -416,24 +441,13 @@ def test_a_state_read_that_times_out_leaves_no_unloaded_stream_behind(nats_clust
     stored state then, not continue as the fresh record the failed read left behind (which restarts the stream at
     tick 0, is never checkpointed, and lets the floor pass readings its stored state never took): every tick once,
     equal to the replay."""
-    import nats
+    from stream.cluster.jetstream import state_key
 
-    from stream.cluster.jetstream import ensure, state_key
-    from stream.cluster.worker import ClusterWorker
-
-    (tmp_path / "master.key").write_text(os.urandom(32).hex() + "\n")
-    (tmp_path / "master.key").chmod(0o600)
-    cfg = load_config(worker_config(tmp_path, nats_cluster, "a"))
-    cfg.nats.values["partitions"] = 1
-    master = load_master_key(tmp_path / "master.key")
+    cfg, master = _one_partition(tmp_path, nats_cluster)
     values = np.random.default_rng(5).integers(0, 120, 120).astype(float)
 
     async def scenario() -> tuple[dict[tuple[str, int], set[float]], str]:
-        w = ClusterWorker(cfg, master, name="a")
-        w.nc = await nats.connect(servers=nats_cluster.servers)
-        w.js = w.nc.jetstream(timeout=5.0)
-        w.kv = await ensure(w.js, w.names)
-        await w._identity()
+        w = await _joined(cfg, master, nats_cluster)
         pjs = w.nc.jetstream()
 
         async def feed(first: int, last: int) -> None:
@@ -498,24 +512,11 @@ def test_a_delivery_lost_in_flight_is_fetched_again_not_acknowledged_away(nats_c
     moves the floor past them and acknowledges them (ack policy all) has acknowledged away a reading it never saw.
     The worker sees the gap in the consumer's delivery sequence and fetches again from the last message it took:
     every tick once, equal to the replay."""
-    import nats
-
-    from stream.cluster.jetstream import ensure
-    from stream.cluster.worker import ClusterWorker
-
-    (tmp_path / "master.key").write_text(os.urandom(32).hex() + "\n")
-    (tmp_path / "master.key").chmod(0o600)
-    cfg = load_config(worker_config(tmp_path, nats_cluster, "a"))
-    cfg.nats.values["partitions"] = 1
-    master = load_master_key(tmp_path / "master.key")
+    cfg, master = _one_partition(tmp_path, nats_cluster)
     values = np.random.default_rng(6).integers(0, 120, 120).astype(float)
 
     async def scenario() -> tuple[dict[tuple[str, int], set[float]], str]:
-        w = ClusterWorker(cfg, master, name="a")
-        w.nc = await nats.connect(servers=nats_cluster.servers)
-        w.js = w.nc.jetstream(timeout=5.0)
-        w.kv = await ensure(w.js, w.names)
-        await w._identity()
+        w = await _joined(cfg, master, nats_cluster)
         pjs = w.nc.jetstream()
         for i, v in enumerate(values):
             await pjs.publish(f"{cfg.nats.input_subject}.0.x", f"{v:g}".encode(), headers={"Nats-Msg-Id": f"x:{i}"})
