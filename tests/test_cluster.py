@@ -157,6 +157,20 @@ async def _releases(servers: list[str]) -> dict[tuple[str, int], set[float]]:
     return out
 
 
+async def _stored(servers: list[str], stream: str, subjects: str) -> int:
+    """How many messages of ``stream`` are on ``subjects`` (-1: no such stream yet, or no leader to answer)."""
+    import nats
+
+    nc = await nats.connect(servers=servers)
+    try:
+        info = await nc.jetstream(timeout=2.0).stream_info(stream, subjects_filter=subjects)
+        return sum((info.state.subjects or {}).values()) if subjects != ">" else int(info.state.messages)
+    except Exception:
+        return -1
+    finally:
+        await nc.close()
+
+
 async def _identity(servers: list[str]) -> str:
     import nats
 
@@ -187,11 +201,18 @@ def test_failover_of_a_worker_and_a_nats_node_never_noises_a_tick_twice(nats_clu
     feeder = JetStreamFeeder(cluster.servers[:2], values, rate=40)
     try:
         time.sleep(2.0)  # the workers create the streams and take their partitions
+        # MQTT readings reach JetStream as plain NATS messages: one sent before the input stream exists is stored
+        # nowhere (a slow start once lost q0's first reading that way); devices publish once the cluster is up
+        wait_for(lambda: asyncio.run(_stored(cluster.servers, "TOPS_IN", ">")) >= 0, 60, interval=0.5,
+                 what="the input stream")
         for s, v in mqtt_values.items():
             r = subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(cluster.mqtt_port), "-q", "1",
                                 "-t", f"meters/{s}/reading", "-l"], input="".join(f"{x:g}\n" for x in v).encode(),
                                capture_output=True, timeout=60, check=False)
             assert r.returncode == 0, r.stderr.decode()
+        for s, v in mqtt_values.items():  # accepted over MQTT (QoS 1): stored in the input stream
+            wait_for(lambda s=s, v=v: asyncio.run(_stored(cluster.servers, "TOPS_IN", f"tops.in.*.{s}")) == len(v),
+                     30, interval=0.5, what=f"{len(v)} readings of {s} in the input stream")
         feeder.start()
         time.sleep(1.0)
         workers[0].kill()  # kill -9 a worker mid-stream
@@ -522,10 +543,12 @@ def test_a_delivery_lost_in_flight_is_fetched_again_not_acknowledged_away(nats_c
             await pjs.publish(f"{cfg.nats.input_subject}.0.x", f"{v:g}".encode(), headers={"Nats-Msg-Id": f"x:{i}"})
         await w._acquire(0)
         w.owned[0].sub = _LosesOneDelivery(w.owned[0].sub, lose=80)
-        for _ in range(200):
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:  # the consumer is made again beside this loop, as beside serve's
             if w.owned[0].applied >= 120 and not w.router.dirty:
                 break
-            await w._step()
+            if not await w._step():
+                await asyncio.sleep(0.02)
             await w._maintain(0.0)
         await w._maintain(0.0)
         await w.nc.close()
@@ -535,3 +558,93 @@ def test_a_delivery_lost_in_flight_is_fetched_again_not_acknowledged_away(nats_c
     op = build_operator(cfg.template, "tops", derive_stream_key(master, "x", identity=identity))
     want = {t: float(x) for t, x in enumerate(op.process(values)) if not np.isnan(x)}
     assert {t: vals for (s, t), vals in got.items() if s == "x"} == {t: {v} for t, v in want.items()}
+
+
+class _SlowConsumerCreation:
+    """JetStream as a worker sees it right after a NATS node died: the first consumer made for one partition waits
+    ``delay`` seconds for its raft group's leader (the election waits out the dead peer: 5-10 s measured on the
+    failover test's cluster). A caller whose timeout is shorter gives up then, as the real client does; everything
+    else goes to the real JetStream."""
+
+    def __init__(self, js, subject: str, delay: float) -> None:
+        self.js, self.subject, self.delay, self.armed = js, subject, delay, True
+
+    async def add_consumer(self, stream: str, config=None, timeout: float | None = None, **params):
+        if self.armed and config is not None and config.filter_subject == self.subject:
+            self.armed = False
+            wait = 5.0 if timeout is None else timeout  # the worker's client timeout: 5 s
+            await asyncio.sleep(min(wait, self.delay))
+            if wait < self.delay:
+                from nats.errors import TimeoutError as NatsTimeout
+
+                raise NatsTimeout
+        return await self.js.add_consumer(stream, config, timeout=timeout, **params)
+
+    def __getattr__(self, name: str):
+        return getattr(self.js, name)
+
+
+@pytest.mark.network
+def test_a_consumer_creation_that_outlasts_a_lease_stops_no_partition_held(nats_cluster: NatsCluster,
+                                                                            tmp_path: Path) -> None:
+    """The attack (how the failover test stalled a partition for its 90 s): right after a NATS node died, making a
+    partition's consumer waits for a raft election, longer than the client's timeout and than a lease's life. A
+    worker that waits for it in its main loop stops releasing the partitions it holds, loses their leases (5 s) and
+    gives up the creation, round after round. Here the worker holds partition 0 and takes partition 1, whose first
+    consumer takes 8 s: partition 0 must go on (no pause of its intake above 2 s: its loop passes take milliseconds,
+    a checkpoint 0.3 s), never be lost, and partition 1 must be taken; every tick of both streams once, equal to the
+    replay."""
+    cfg, master = _one_partition(tmp_path, nats_cluster)
+    cfg.nats.values["partitions"] = 2
+    x = np.random.default_rng(7).integers(0, 120, 160).astype(float)
+    y = np.random.default_rng(8).integers(0, 120, 60).astype(float)
+
+    async def scenario() -> tuple[dict[tuple[str, int], set[float]], str, float, float, int]:
+        w = await _joined(cfg, master, nats_cluster)
+        pjs = w.nc.jetstream()
+        for i, v in enumerate(y):
+            await pjs.publish(f"{cfg.nats.input_subject}.1.y", f"{v:g}".encode(), headers={"Nats-Msg-Id": f"y:{i}"})
+        await w._acquire(0)
+        w.js = _SlowConsumerCreation(w.js, w.names.partition_subject(1), delay=8.0)
+
+        async def feed() -> None:  # partition 0's readings arrive all along (8 s)
+            for i, v in enumerate(x):
+                await pjs.publish(f"{cfg.nats.input_subject}.0.x", f"{v:g}".encode(),
+                                  headers={"Nats-Msg-Id": f"x:{i}"})
+                await asyncio.sleep(0.05)
+
+        async def watch() -> float:  # the longest time partition 0 took no reading while readings came
+            feeding = asyncio.ensure_future(feed())
+            longest, last, seen = 0.0, time.monotonic(), -1
+            deadline = time.monotonic() + 60.0
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                now = time.monotonic()
+                part = w.owned.get(0)
+                applied = part.applied if part is not None else seen
+                if applied != seen or feeding.done():
+                    longest = max(longest, now - last) if seen >= 0 else longest
+                    last, seen = now, applied
+                held = [w.owned.get(i) for i in (0, 1)]
+                if feeding.done() and all(p is not None for p in held) and not w.router.dirty and \
+                        {w.js_seq.get("x"), w.js_seq.get("y")} <= {p.applied for p in held if p is not None}:
+                    break
+            await feeding
+            w.stopping.set()
+            return longest
+
+        watcher = asyncio.ensure_future(watch())
+        await w._run()  # ends with both partitions handed back (checkpointed)
+        longest = await watcher
+        lost = int(w.m_fenced._value.get())
+        taken = float(w.m_partitions._value.get())
+        await w.nc.close()
+        return await _releases(nats_cluster.servers), await _identity(nats_cluster.servers), longest, taken, lost
+
+    got, identity, longest, _, lost = asyncio.run(scenario())
+    assert lost == 0, "a partition held was lost while another's consumer was being made"
+    assert longest < 2.0, f"partition 0 took no reading for {longest:.1f} s while partition 1's consumer was made"
+    for name, values in (("x", x), ("y", y)):
+        op = build_operator(cfg.template, "tops", derive_stream_key(master, name, identity=identity))
+        want = {t: float(v) for t, v in enumerate(op.process(values)) if not np.isnan(v)}
+        assert {t: vals for (s, t), vals in got.items() if s == name} == {t: {v} for t, v in want.items()}, name

@@ -53,6 +53,11 @@ __all__ = ["ClusterWorker", "WorkerError"]
 
 log = logging.getLogger("tops.cluster")
 
+# A consumer's creation waits for its raft group's leader: after a NATS node died, 5-10 s (the election waits out the
+# dead peer), longer than the client's 5 s; it runs beside the main loop (partitions held keep releasing) with this
+# timeout, its partition's lease renewed meanwhile
+CONSUMER_TIMEOUT = 30.0
+
 
 class WorkerError(RuntimeError):
     """The worker cannot start (one line, no secret)."""
@@ -99,6 +104,8 @@ class ClusterWorker:
         self.nc: Any = None
         self.js: Any = None
         self.kv: dict[str, Any] = {}
+        self.taking: asyncio.Task | None = None  # free partitions being taken, beside the main loop
+        self.remaking: dict[int, asyncio.Task] = {}  # partition -> its consumer being made again (a lost delivery)
         reg = self.registry = CollectorRegistry()
         self.m_partitions = Gauge("tops_cluster_partitions_owned", "Partitions this worker holds", registry=reg)
         self.m_readings = Counter("tops_cluster_readings", "Readings taken, by result", ["result"], registry=reg)
@@ -279,6 +286,7 @@ class ClusterWorker:
         keeps one of each message id)."""
         log.warning("cluster step failed (%s): %d partitions dropped without writing, taken again from their last "
                     "checkpoint", why, len(self.owned))
+        await self._cancel_background()
         for part in list(self.owned.values()):
             self.owned.pop(part.index, None)
             with contextlib.suppress(Exception):
@@ -296,6 +304,18 @@ class ClusterWorker:
         self.changed.clear()
         self.m_partitions.set(0)
 
+    async def _cancel_background(self) -> None:
+        """Stop the partitions being taken and the consumers being made again (a task cancelled while taking gives
+        its lease back before it ends)."""
+        tasks = [t for t in (self.taking, *self.remaking.values()) if t is not None and not t.done()]
+        self.taking = None
+        self.remaking.clear()
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
     async def _acquire(self, index: int) -> None:
         from nats.js.errors import KeyWrongLastSequenceError
 
@@ -303,19 +323,20 @@ class ClusterWorker:
             rev = await self.kv["leases"].create(lease_key(index), self.name.encode())
         except KeyWrongLastSequenceError:
             return  # someone else's
+        part = Partition(index, rev, renewed=time.monotonic())
         try:
-            await self._claim(index, rev)
+            await self._claim(part)
         except BaseException:  # half taken (a timeout while the cluster elects): the lease goes back now, not at ttl
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.kv["leases"].delete(lease_key(index), last=rev), 2.0)
+                await asyncio.wait_for(self.kv["leases"].delete(lease_key(index), last=part.lease_rev), 2.0)
             raise
 
-    async def _claim(self, index: int, rev: int) -> None:
+    async def _claim(self, part: Partition) -> None:
         """The rest of :meth:`_acquire` under a new lease: the floor claimed (the fence), the old consumer deleted,
-        this lease's consumer made."""
+        this lease's consumer made (its lease renewed while that takes long)."""
         from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
-        part = Partition(index, rev, renewed=time.monotonic())
+        index, rev = part.index, part.lease_rev
         state = self.kv["state"]
         try:
             entry = await state.get(f"p.{index}")
@@ -341,7 +362,7 @@ class ClusterWorker:
         if previous:
             with contextlib.suppress(NotFoundError):
                 await self.js.delete_consumer(self.names.input_stream, previous)
-        await self._consume(part)
+        await self._consume_leased(part)
         self.owned[index] = part
         self.m_partitions.set(len(self.owned))
         log.info("partition %d taken (floor %d)", index, part.floor)
@@ -353,16 +374,38 @@ class ClusterWorker:
         cc = ConsumerConfig(durable_name=part.consumer, filter_subject=self.names.partition_subject(part.index),
                             deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=part.applied + 1,
                             ack_policy=AckPolicy.ALL, ack_wait=60.0, max_ack_pending=-1)
-        await self.js.add_consumer(self.names.input_stream, cc)
+        await self.js.add_consumer(self.names.input_stream, cc, timeout=CONSUMER_TIMEOUT)
         part.sub = await self.js.pull_subscribe_bind(durable=part.consumer, stream=self.names.input_stream)
         part.delivered, part.gap, part.last_msg = 0, False, None
+
+    async def _consume_leased(self, part: Partition) -> None:
+        """:meth:`_consume` for a partition being taken (not yet held, so the main loop does not renew its lease):
+        the lease is renewed every third of its life until the consumer is made (a refusal ends the taking)."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        made = asyncio.ensure_future(self._consume(part))
+        try:
+            while not (await asyncio.wait({made}, timeout=self.names.lease_ttl / 3))[0]:
+                try:
+                    part.lease_rev = await self.kv["leases"].update(lease_key(part.index), self.name.encode(),
+                                                                    last=part.lease_rev)
+                except KeyWrongLastSequenceError:
+                    raise Fenced from None
+                part.renewed = time.monotonic()
+            made.result()
+        finally:
+            if not made.done():
+                made.cancel()
+                with contextlib.suppress(BaseException):
+                    await made
 
     async def _refetch(self, part: Partition) -> None:
         """A delivery was lost in flight (a node died with it on the wire): the consumer counts it delivered, and
         acknowledging a later message (ack policy all) would acknowledge it away. The lease is renewed first (a
         partition lost meanwhile is dropped, no consumer is made for it again), then the consumer is made again from
-        right after the last message taken; the messages after the gap were not taken and come again in order."""
-        from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
+        right after the last message taken, beside the main loop (that takes a raft election after a node died);
+        the messages after the gap were not taken and come again in order."""
+        from nats.js.errors import KeyWrongLastSequenceError
 
         try:
             part.lease_rev = await self.kv["leases"].update(lease_key(part.index), self.name.encode(),
@@ -371,17 +414,37 @@ class ClusterWorker:
             await self._drop(part, hand_back=False)
             return
         part.renewed = time.monotonic()
+        sub, part.sub = part.sub, None  # not fetched until made again
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(part.sub.unsubscribe(), 2.0)
-        with contextlib.suppress(NotFoundError):
-            await self.js.delete_consumer(self.names.input_stream, part.consumer)
-        await self._consume(part)
+            await asyncio.wait_for(sub.unsubscribe(), 2.0)
         log.warning("partition %d: a delivery was lost in flight; fetching again after sequence %d", part.index,
                     part.applied)
+        self.remaking[part.index] = asyncio.ensure_future(self._remake(part))
+
+    async def _remake(self, part: Partition) -> None:
+        """The consumer of a held partition made again (its lease renewed by the main loop meanwhile), until it
+        is made or the partition is dropped."""
+        from nats.js.errors import NotFoundError
+
+        while self.owned.get(part.index) is part:
+            try:
+                with contextlib.suppress(NotFoundError):
+                    await self.js.delete_consumer(self.names.input_stream, part.consumer)
+                await self._consume(part)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("partition %d: consumer not made again (%s); trying again", part.index, _where(exc))
+                await asyncio.sleep(0.5)
+        self.remaking.pop(part.index, None)
 
     async def _drop(self, part: Partition, *, hand_back: bool) -> None:
         """Stop running a partition; ``hand_back``: checkpoint it and delete the lease so another takes it now."""
         self.owned.pop(part.index, None)
+        remake = self.remaking.pop(part.index, None)
+        if remake is not None:
+            remake.cancel()
         self.m_partitions.set(len(self.owned))
         try:
             if hand_back:
@@ -403,10 +466,11 @@ class ClusterWorker:
 
     async def _rebalance(self) -> None:
         """Heartbeat, then take or hand back partitions toward this worker's share. Only key reads and stream info:
-        listing keys would create a consumer per call, which a cluster that just lost a node cannot place."""
-        from nats.js.errors import KeyDeletedError, KeyNotFoundError
-
+        listing keys would create a consumer per call, which a cluster that just lost a node cannot place. Free
+        partitions are taken beside the main loop (:meth:`_take_free`), one taking at a time."""
         await self.kv["workers"].put(self.name, b"1")
+        if self.taking is not None and not self.taking.done():
+            return
         info = await self.js.stream_info(f"KV_{self.names.workers}")
         alive = max(1, int(info.state.messages or 1))  # history 1: one message per live heartbeat
         p = self.names.partitions
@@ -416,21 +480,28 @@ class ClusterWorker:
             for i in give:
                 await self._drop(self.owned[i], hand_back=True)
             return
-        for i in range(p):
-            if len(self.owned) >= target:
+        if len(self.owned) < target:
+            self.taking = asyncio.ensure_future(self._take_free(target))
+
+    async def _take_free(self, target: int) -> None:
+        """Take free partitions, one after the other, until this worker holds ``target``. A failure gives that
+        partition's lease back and ends the round; the partitions held go on (resetting them would need a new
+        consumer for each, and after a node died every creation waits out a raft election)."""
+        from nats.js.errors import KeyDeletedError, KeyNotFoundError
+
+        for i in range(self.names.partitions):
+            if len(self.owned) >= target or self.stopping.is_set():
                 break
             if i in self.owned:
                 continue
             try:
-                await self.kv["leases"].get(lease_key(i))
-                continue  # held
-            except (KeyNotFoundError, KeyDeletedError):
-                pass
-            try:
+                try:
+                    await self.kv["leases"].get(lease_key(i))
+                    continue  # held
+                except (KeyNotFoundError, KeyDeletedError):
+                    pass
                 await self._acquire(i)
-            except Exception as exc:  # its lease went back; the partitions held go on: resetting all of them would
-                # need a new consumer for each, and after a node died consumer creations that outlast the timeout (a
-                # raft election waiting out the dead peer) dropped every partition again, round after round
+            except Exception as exc:
                 log.warning("partition %d: not taken (%s); tried again later", i, _where(exc))
                 break
 
@@ -442,6 +513,8 @@ class ClusterWorker:
         n = 0
         batch = int(self.cfg.nats.fetch_batch)
         for part in list(self.owned.values()):
+            if part.sub is None:  # its consumer is being made again
+                continue
             try:
                 msgs = await part.sub.fetch(batch, timeout=0.05)
             except (TimeoutError, NatsTimeout):
@@ -528,6 +601,15 @@ class ClusterWorker:
                     raise WorkerError(msg) from None
                 await asyncio.sleep(0.5)
         log.info("worker %s: cluster identity %s, %d partitions", self.name, self.identity, self.names.partitions)
+        await self._run()
+        with contextlib.suppress(Exception):  # the heartbeat expires by itself (a delete marker would count)
+            await self.nc.drain()
+        log.info("worker %s stopped", self.name)
+        return 0
+
+    async def _run(self) -> None:
+        """The main loop until a stop: rebalance every third of a lease's life, fetch and release, checkpoint; then
+        every partition handed back."""
         last_checkpoint = last_balance = 0.0
         while not self.stopping.is_set():
             now = time.monotonic()
@@ -542,12 +624,9 @@ class ClusterWorker:
                 log.debug("cluster step failed", exc_info=True)
                 await self._reset(_where(exc))
                 await asyncio.sleep(0.5)
+        await self._cancel_background()
         for part in list(self.owned.values()):
             await self._drop(part, hand_back=True)
-        with contextlib.suppress(Exception):  # the heartbeat expires by itself (a delete marker would count)
-            await self.nc.drain()
-        log.info("worker %s stopped", self.name)
-        return 0
 
     async def _identity(self) -> None:
         """The cluster's identity and parameters: created by the first worker, the same for all."""
