@@ -1,5 +1,8 @@
 """Throughput of `tops run` through a real Mosquitto (single readings, batches, 10,000 streams); prints figures.
 
+``--only held [--held 1000000]``: single readings (QoS 1 in) before and while the daemon holds a million other streams
+in their holdout (issue 13's goal: no worse while holding them).
+
 Run: ``python bench/bench_daemon.py [--messages N]``. Starts a broker on a free loopback port, the daemon as a
 subprocess (one process), and publishers (``mosquitto_pub -l``, C, or paho for many topics). The rate is the
 daemon's: readings counted by its metrics endpoint divided by the time from the first to the last one counted.
@@ -68,14 +71,17 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def measure(mport: int, total: int, releases: float = 0, timeout: float = 300.0) -> tuple[float, dict[str, float]]:
+def measure(mport: int, total: int, releases: float = 0, timeout: float = 300.0, *,
+            before: dict[str, float] | None = None) -> tuple[float, dict[str, float]]:
     """Seconds from the first of ``total`` readings counted by the daemon until all are in and ``releases``
-    releases are confirmed by the broker (end to end)."""
+    releases are confirmed by the broker (end to end); ``before``: the metrics before these readings."""
+    b = before or {}
     t_first = None
     deadline = time.monotonic() + timeout
     last = 0.0
     while time.monotonic() < deadline:
         m = scrape(mport)
+        m = {k: v - b.get(k, 0.0) for k, v in m.items()}
         ok = m["tops_readings_total{result=ok}"]
         over = m.get("tops_messages_total{result=overload}", 0.0)  # QoS 0 past [input] max_queue: counted, not kept
         n = ok + over
@@ -99,27 +105,66 @@ def pub_lines(port: int, topic: str, lines: list[str], qos: int) -> subprocess.P
 def bench_single(tmp: Path, port: int, messages: int, streams: int, qos: int, out_qos: int = 0) -> None:
     proc, mport = start_daemon(tmp, port, output={"qos": out_qos})
     try:
-        per = messages // streams
-        payload = "".join(f"{i % 700}\n" for i in range(per)).encode()
-        pubs = [pub_lines(port, f"meters/s{k}/reading", [], qos) for k in range(streams)]
-        for p in pubs:
-            assert p.stdin is not None
-            p.stdin.write(payload)
-        for p in pubs:
-            assert p.stdin is not None
-            p.stdin.close()
-        rel = per * streams - streams * TEMPLATE["holdout"]
-        secs, m = measure(mport, per * streams, rel)
-        for p in pubs:
-            p.wait()
-        ok = m["tops_readings_total{result=ok}"]
-        over = m.get("tops_messages_total{result=overload}", 0.0)
-        print(f"single readings: {per * streams} messages over {streams} streams (input QoS {qos}, output QoS "
-              f"{out_qos}): {ok / secs:,.0f} msg/s processed end to end, {over:,.0f} QoS 0 messages counted as "
-              f"overload ({rel:,} releases expected)")
+        single_readings(port, mport, messages, streams, qos, out_qos)
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def single_readings(port: int, mport: int, messages: int, streams: int, qos: int, out_qos: int, prefix: str = "s",
+                    note: str = "") -> None:
+    """``messages`` single-reading messages over ``streams`` new streams, one ``mosquitto_pub -l`` each."""
+    before = scrape(mport)
+    per = messages // streams
+    payload = "".join(f"{i % 700}\n" for i in range(per)).encode()
+    pubs = [pub_lines(port, f"meters/{prefix}{k}/reading", [], qos) for k in range(streams)]
+    for p in pubs:
+        assert p.stdin is not None
+        p.stdin.write(payload)
+    for p in pubs:
+        assert p.stdin is not None
+        p.stdin.close()
+    rel = per * streams - streams * TEMPLATE["holdout"]
+    secs, m = measure(mport, per * streams, rel, before=before)
+    for p in pubs:
+        p.wait()
+    ok = m["tops_readings_total{result=ok}"]
+    over = m.get("tops_messages_total{result=overload}", 0.0)
+    print(f"single readings: {per * streams} messages over {streams} streams (input QoS {qos}, output QoS "
+          f"{out_qos}){note}: {ok / secs:,.0f} msg/s processed end to end, {over:,.0f} QoS 0 messages counted as "
+          f"overload ({rel:,} releases expected)")
+
+
+def bench_held(tmp: Path, port: int, messages: int, held: int) -> None:
+    """Single readings (QoS 1 in, QoS 0 out) while the daemon holds ``held`` other streams in their holdout
+    (one reading each, sent first with paho), against the same daemon before it holds them."""
+    import paho.mqtt.client as mqtt
+
+    proc, mport = start_daemon(tmp, port, streams={"max_streams": held + 100})
+    try:
+        single_readings(port, mport, messages, 8, 1, 0, prefix="a", note=" holding no other stream")
+        base = rss_kib(proc.pid)
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+        client.max_queued_messages_set(0)
+        client.connect("127.0.0.1", port)
+        client.loop_start()
+        t0 = time.monotonic()
+        before = scrape(mport)["tops_readings_total{result=ok}"]
+        for k in range(held):
+            client.publish(f"meters/h{k}/reading", str(k % 500), qos=1)
+        wait_for(lambda: scrape(mport)["tops_readings_total{result=ok}"] - before >= held, 1800,
+                 interval=1.0, what="every held stream")
+        secs = time.monotonic() - t0
+        client.loop_stop()
+        client.disconnect()
+        m = scrape(mport)
+        print(f"{int(m['tops_streams_active']):,} streams held ({held:,} new ones made in {secs:.0f} s, "
+              f"{held / secs:,.0f} msg/s incl. stream creation; RSS +{(rss_kib(proc.pid) - base) / 1024:.0f} MiB)")
+        time.sleep(5.0)  # the new streams' ledger entries and first checkpoint
+        single_readings(port, mport, messages, 8, 1, 0, prefix="b", note=f" holding {held:,} other streams")
+    finally:
+        proc.terminate()
+        proc.wait(120)
 
 
 def bench_batches(tmp: Path, port: int, readings: int, batch: int, streams: int, mode: str) -> None:
@@ -191,7 +236,8 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--readings", type=int, default=5_000_000)
     ap.add_argument("--streams", type=int, default=10_000)
-    ap.add_argument("--only", choices=("single", "batch", "streams"))
+    ap.add_argument("--only", choices=("single", "batch", "streams", "held"))
+    ap.add_argument("--held", type=int, default=1_000_000, help="streams held by --only held")
     ap.add_argument("--no-state", action="store_true", help="run the daemon without durable state")
     ap.add_argument("--broker-inflight", type=int, default=0, help="Mosquitto max_inflight_messages (0: no limit)")
     args = ap.parse_args()
@@ -215,6 +261,8 @@ def main() -> int:
             bench_batches(tmp, broker.port, args.readings, 1000, 4, "period")
         if args.only in (None, "streams"):
             bench_streams(tmp, broker.port, args.streams)
+        if args.only == "held":  # minutes: a million streams made first
+            bench_held(tmp, broker.port, args.messages, args.held)
     finally:
         broker.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -5,13 +5,16 @@ Run: ``python bench/bench_state.py [--streams N]``. The daemon runs in this proc
 with every stream changed: all streams in their holdout (the holdout histogram is stored), all releasing, and an
 incremental one where 1% of the streams changed (these three all in the event loop, as at the start). Then readings
 flow for a few seconds over all streams with a checkpoint every second (the running daemon's checkpoints: their cut in
-the event loop, their write in a worker thread); the stall is the longest gap between two processing steps.
+the event loop, their write in a worker thread); the stall is the longest gap between two processing steps, once with
+nothing frozen after the start and once with the live objects frozen every 0.5 s (``stream/daemon/heap.py``, as `tops
+run` does); the garbage collector's full passes are counted and timed.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import io
 import os
 import sys
@@ -24,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from stream.core.config import build_config  # noqa: E402
+from stream.daemon.heap import Heap  # noqa: E402
 from stream.daemon.service import Daemon, settle_heap  # noqa: E402
 
 TEMPLATE = {"epsilon": 1.0, "bound": 1000.0, "holdout": 100, "query_range": 1 << 16, "fanout": 16}
@@ -72,10 +76,39 @@ async def checkpoints(tmp: Path, n: int) -> None:
     d.durable.close()
 
 
-async def stall(tmp: Path, n: int, seconds: float, rate: int) -> None:
+class FullPasses:
+    """The garbage collector's full passes while it is installed: how many, and the longest (seconds)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.t0 = 0.0
+        self.since = float("inf")  # passes that start before this perf_counter() time are not counted
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self.t0 = time.perf_counter()
+        elif self.t0 >= self.since:
+            self.times.append(time.perf_counter() - self.t0)
+
+    def __enter__(self) -> FullPasses:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+    def __str__(self) -> str:
+        longest = max(self.times, default=0.0)
+        return f"{len(self.times)} full collections while measured, the longest {longest * 1e3:.0f} ms"
+
+
+async def stall(tmp: Path, n: int, seconds: float, rate: int, *, keep_heap: bool) -> None:
     r, w = os.pipe()
     stdin = os.fdopen(r, "rb")
-    d = Daemon(config(tmp, 1.0), stdin=stdin, stdout=open(os.devnull, "w"), install_signals=False)
+    d = Daemon(config(tmp, 1.0), stdin=stdin, stdout=open(os.devnull, "w"), install_signals=False,
+               heap=Heap() if keep_heap else None)
     gaps: list[float] = []
     orig = d.on_lines
     last = [0.0]
@@ -98,6 +131,7 @@ async def stall(tmp: Path, n: int, seconds: float, rate: int) -> None:
         out.write(b"".join(f"s{k},1\n".encode() for k in range(n)))
         out.flush()
         time.sleep(4.0)
+        passes.since = time.perf_counter()
         measuring.set()
         chunk = max(1, rate // 200)
         k = 0
@@ -109,8 +143,10 @@ async def stall(tmp: Path, n: int, seconds: float, rate: int) -> None:
             time.sleep(chunk / rate)
         out.close()
 
+    passes = FullPasses()
     threading.Thread(target=feed, daemon=True).start()
-    await d.serve()
+    with passes:
+        await d.serve()
     dur = d.durable
     assert dur is not None
     gaps.sort()
@@ -118,7 +154,8 @@ async def stall(tmp: Path, n: int, seconds: float, rate: int) -> None:
     print(f"intake at {rate:,} readings/s over {n:,} streams for {seconds:.0f} s, a checkpoint every 1 s: "
           f"{dur.checkpoints} checkpoints, the longest {dur.max_checkpoint_seconds:.3f} s (in the event loop at most "
           f"{dur.max_checkpoint_pause:.3f} s); longest gap between "
-          f"processing steps {gaps[-1]:.3f} s (median {gaps[len(gaps) // 2] * 1e3:.1f} ms)")
+          f"processing steps {gaps[-1]:.3f} s (median {gaps[len(gaps) // 2] * 1e3:.1f} ms); {passes} "
+          f"({'live objects frozen every 0.5 s, as `tops run` does' if keep_heap else 'nothing frozen after start'})")
 
 
 def main() -> int:
@@ -131,7 +168,8 @@ def main() -> int:
     settle_heap()  # as `tops run` does before its daemon starts
     with tempfile.TemporaryDirectory(prefix="tops-bench-state-", dir=ROOT) as t:
         asyncio.run(checkpoints(Path(t) / "a", args.streams))
-        asyncio.run(stall(Path(t) / "b", args.streams, args.seconds, args.rate))
+        asyncio.run(stall(Path(t) / "b", args.streams, args.seconds, args.rate, keep_heap=False))
+        asyncio.run(stall(Path(t) / "c", args.streams, args.seconds, args.rate, keep_heap=True))
     return 0
 
 

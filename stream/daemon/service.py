@@ -43,6 +43,7 @@ from stream.core.router import ReleaseBatch, Router, StreamRecord
 from stream.core.sinks import PublishQueue, StdoutSink, encode_releases, encode_status
 from stream.core.ticking import PeriodClock
 from stream.daemon.durability import Durability
+from stream.daemon.heap import Heap
 from stream.daemon.phaselog import PhaseLog
 from stream.daemon.preflight import DataDirLocked, lock_data_dir, preflight
 from stream.daemon.sources import OVERLONG_LINE, MqttLink, StdinSource, TopicRouter
@@ -84,8 +85,10 @@ class Daemon:
     """One running daemon. ``stdin``/``stdout``/``operator_factory`` can be replaced (tests)."""
 
     def __init__(self, cfg: DaemonConfig, *, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None,
-                 operator_factory: Callable[[str], Any] | None = None, install_signals: bool = True) -> None:
+                 operator_factory: Callable[[str], Any] | None = None, install_signals: bool = True,
+                 heap: Heap | None = None) -> None:
         self.cfg = cfg
+        self.heap = heap  # `tops run` keeps the collector's full passes short (stream/daemon/heap.py); tests do not
         self.stdin_stream = stdin if stdin is not None else sys.stdin.buffer
         self.stdout = StdoutSink(stdout) if "stdout" in cfg.output.sinks else None
         self.operator_factory = operator_factory
@@ -354,6 +357,8 @@ class Daemon:
             raise
         except Exception as exc:
             log.error("processing step failed (%s); the daemon goes on", type(exc).__name__)
+        if self.heap is not None:  # after each batch too: the accounting loop waits while a long batch runs
+            self.heap.tick()
 
     def on_mqtt_message(self, m: Any, now: float) -> None:
         """One MQTT message: size, topic, decoding, stream, then its readings into the router."""
@@ -635,6 +640,8 @@ class Daemon:
     def account(self) -> None:
         """Push the local counters into the metrics (cheap per message, batched per interval)."""
         self.phase_log.roll()
+        if self.heap is not None:
+            self.heap.tick()
         m = self.metrics
         for result, n in self.msg_counts.items():
             if n:
@@ -752,7 +759,7 @@ def main(args: argparse.Namespace) -> int:
         print(describe_defaults(cfg), file=sys.stderr)
     settle_heap()
     try:
-        return asyncio.run(Daemon(cfg).serve())
+        return asyncio.run(Daemon(cfg, heap=Heap()).serve())
     except (KeyFileError, StoreError, StartupError) as exc:
         print(f"tops run: {exc}", file=sys.stderr)
         return 2
