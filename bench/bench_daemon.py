@@ -146,12 +146,17 @@ def bench_held(tmp: Path, port: int, messages: int, held: int) -> None:
         base = rss_kib(proc.pid)
         client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
         client.max_queued_messages_set(0)
+        client.max_inflight_messages_set(0)  # no window: each acknowledgement waits for the daemon's fsync
         client.connect("127.0.0.1", port)
         client.loop_start()
         t0 = time.monotonic()
         before = scrape(mport)["tops_readings_total{result=ok}"]
-        for k in range(held):
-            client.publish(f"meters/h{k}/reading", str(k % 500), qos=1)
+        for lo in range(0, held, 5000):  # in chunks, each confirmed by the broker (paho dropped some unthrottled)
+            infos = [client.publish(f"meters/h{k}/reading", str(k % 500), qos=1)
+                     for k in range(lo, min(held, lo + 5000))]
+            infos[-1].wait_for_publish(120)
+            if not all(i.rc == mqtt.MQTT_ERR_SUCCESS and i.is_published() for i in infos):
+                raise SystemExit("the publisher lost messages")
         wait_for(lambda: scrape(mport)["tops_readings_total{result=ok}"] - before >= held, 1800,
                  interval=1.0, what="every held stream")
         secs = time.monotonic() - t0
@@ -160,7 +165,9 @@ def bench_held(tmp: Path, port: int, messages: int, held: int) -> None:
         m = scrape(mport)
         print(f"{int(m['tops_streams_active']):,} streams held ({held:,} new ones made in {secs:.0f} s, "
               f"{held / secs:,.0f} msg/s incl. stream creation; RSS +{(rss_kib(proc.pid) - base) / 1024:.0f} MiB)")
-        time.sleep(5.0)  # the new streams' ledger entries and first checkpoint
+        done = scrape(mport)["tops_checkpoint_seconds_count"]  # the new streams' checkpoints finish first
+        wait_for(lambda: scrape(mport)["tops_checkpoint_seconds_count"] >= done + 2, 1800, interval=1.0,
+                 what="two checkpoints after the new streams")
         single_readings(port, mport, messages, 8, 1, 0, prefix="b", note=f" holding {held:,} other streams")
     finally:
         proc.terminate()

@@ -148,3 +148,27 @@ def test_tops_run_keeps_the_heap(tmp_path: Path) -> None:
     finally:
         service.Daemon, service.settle_heap = real_daemon, real_settle
     assert code == 0 and isinstance(seen.get("heap"), service.Heap)
+
+
+def test_a_cluster_worker_keeps_the_heap_too(tmp_path: Path) -> None:
+    """A cluster worker (`tops run` with `[input] source = "nats"`) holds its streams as objects too: it gets the
+    keeper, and its main loop ticks it."""
+    from stream.cli import build_parser
+    from stream.cluster import worker
+    from stream.daemon import service
+    from tests.conftest import write_toml
+
+    cfg = write_toml(tmp_path / "w.toml", {
+        "input": {"source": "nats"}, "nats": {"servers": ["nats://127.0.0.1:1"]},
+        "streams": {"key_file": str(tmp_path / "k"), "template": {"epsilon": 1.0, "bound": 100.0, "holdout": 3}},
+        "metrics": {"port": 0},
+    })
+    seen: dict = {}
+    real_run, real_settle = worker.run_worker, service.settle_heap
+    worker.run_worker = lambda cfg, **kw: seen.update(kw) or 0
+    service.settle_heap = lambda: None
+    try:
+        code = service.main(build_parser("run").parse_args(["run", "--config", str(cfg)]))
+    finally:
+        worker.run_worker, service.settle_heap = real_run, real_settle
+    assert code == 0 and isinstance(seen.get("heap"), service.Heap)

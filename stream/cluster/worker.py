@@ -86,8 +86,9 @@ class Partition:
 class ClusterWorker:
     """One worker process of a cluster (see the module docstring)."""
 
-    def __init__(self, cfg: DaemonConfig, master: bytes, *, name: str | None = None) -> None:
+    def __init__(self, cfg: DaemonConfig, master: bytes, *, name: str | None = None, heap: Any = None) -> None:
         self.cfg = cfg
+        self.heap = heap  # `tops run` keeps the collector's full passes short (stream/daemon/heap.py): tick() per pass
         self.master = master
         nt = cfg.nats
         self.name = name or nt.worker or f"{socket.gethostname()}-{os.getpid()}"
@@ -620,6 +621,8 @@ class ClusterWorker:
                 if not await self._step():
                     await asyncio.sleep(0.02)
                 last_checkpoint = await self._maintain(last_checkpoint)
+                if self.heap is not None:
+                    self.heap.tick()
             except Exception as exc:  # the cluster is unreachable for a moment: retry, leases decide the rest
                 log.debug("cluster step failed", exc_info=True)
                 await self._reset(_where(exc))
@@ -657,10 +660,10 @@ def _where(exc: BaseException) -> str:
     return f"{type(exc).__name__} in {where}" if where else type(exc).__name__
 
 
-def run_worker(cfg: DaemonConfig) -> int:
-    """``tops run`` with ``[input] source = "nats"``."""
+def run_worker(cfg: DaemonConfig, *, heap: Any = None) -> int:
+    """``tops run`` with ``[input] source = "nats"`` (``heap``: what keeps the collector's passes short)."""
     master = load_master_key(cfg.streams.key_file, create=False)  # every worker: the same key file
-    worker = ClusterWorker(cfg, master)
+    worker = ClusterWorker(cfg, master, heap=heap)
     if cfg.metrics.port:
         start_http_server(int(cfg.metrics.port), addr=cfg.metrics.host, registry=worker.registry)
     return asyncio.run(worker.serve())

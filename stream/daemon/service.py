@@ -774,8 +774,9 @@ def _run_worker(cfg: DaemonConfig, args: argparse.Namespace) -> int:
         return 0
     logging.basicConfig(level=cfg.log.level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settle_heap()
     try:
-        return run_worker(cfg)
+        return run_worker(cfg, heap=Heap())
     except (KeyFileError, WorkerError) as exc:
         print(f"tops run: {exc}", file=sys.stderr)
         return 2
