@@ -399,3 +399,35 @@ def test_a_stream_created_by_a_reading_opens_its_periods_at_that_reading() -> No
     rec = r.record("s", 99.9)  # created while processing a reading that arrived at 99.9
     assert rec.bins is not None and rec.bins.first == 99
     assert r.add_many(rec, [1.0, 2.0], None, None, 99.9) is None and rec.bins.bins == {99: 3.0}
+
+
+class _NoWalk(dict):
+    """A stream table that refuses to be walked (a status pass over a million streams took 35-50 ms)."""
+
+    def _refuse(self, *a, **k):
+        raise AssertionError("the status pass walked every stream")
+
+    values = items = keys = __iter__ = _refuse
+
+
+def test_a_status_pass_visits_the_streams_whose_status_is_due_not_all(tmp_path: Path) -> None:
+    """The attack: 2,000 streams in their holdout, 3 of them take another reading; the status loop's pass must
+    publish those 3 (each holdout reading makes a stream's status due) without walking the 2,000 (the pass used to
+    visit every stream each `status_interval`: 35-50 ms at a million). A stream evicted after its status became due
+    is skipped."""
+    cfg = build_config({"metrics": {"port": 0}, "state": {"data_dir": ""},
+                        "streams": {"key_file": str(tmp_path / "k"), "template": {**TPL, "holdout": 100}}})
+    d = daemon_mod.Daemon(cfg, stdin=io.BytesIO(b""), stdout=io.StringIO(), install_signals=False)
+    d.startup()
+    d.on_lines([f"s{k},{k % 50}".encode() for k in range(2000)])  # created: status published at once
+    published: list[str] = []
+    d.publish_status = lambda rec: (published.append(rec.name), setattr(rec, "status_due", False))  # type: ignore
+    d.publish_statuses()  # the first readings' statuses went out with the creations: nothing due
+    assert published == []
+    d.on_lines([b"s7,1", b"s1999,2", b"s500,3", b"s3,4"])
+    d.router.evict(["s3"])
+    d.router.streams = _NoWalk(d.router.streams)
+    d.publish_statuses()
+    assert sorted(published) == ["s1999", "s500", "s7"]
+    d.publish_statuses()
+    assert sorted(published) == ["s1999", "s500", "s7"]  # once

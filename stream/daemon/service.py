@@ -267,7 +267,7 @@ class Daemon:
         self.emit(self.router.flush())
         # With durable state the open periods are checkpointed and close after the restart (never twice).
         self.emit(self.router.close_periods(time.time(), final=self.durable is None))
-        self.publish_statuses(due_only=True)
+        self.publish_statuses()
         if self.durable is not None:
             await self.durable.checkpoint_now()  # unpublished messages go into the outbox
         if self.link is not None:
@@ -586,9 +586,15 @@ class Daemon:
         assert self.pubq is not None
         self.pubq.put(topic, json.dumps(msg).encode(), True, 0)
 
-    def publish_statuses(self, due_only: bool) -> None:
-        for rec in self.router.streams.values():
-            if rec.status_due or not due_only:
+    def publish_statuses(self) -> None:
+        """The status of every stream whose status became due since the last pass (the router's pending names:
+        a pass at a million streams visited them all, 35-50 ms every ``status_interval``)."""
+        router = self.router
+        pending, router.status_pending = router.status_pending, set()
+        streams = router.streams
+        for name in pending:
+            rec = streams.get(name)  # gone (evicted) meanwhile: nothing to say
+            if rec is not None and rec.status_due:
                 self.publish_status(rec)
 
     async def evict_loop(self) -> None:
@@ -630,7 +636,7 @@ class Daemon:
     async def status_loop(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.output.status_interval)
-            self.publish_statuses(due_only=True)
+            self.publish_statuses()
 
     async def account_loop(self) -> None:
         while True:
