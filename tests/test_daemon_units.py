@@ -415,10 +415,11 @@ def test_a_status_pass_visits_the_streams_whose_status_is_due_not_all(tmp_path: 
     publish those 3 (each holdout reading makes a stream's status due) without walking the 2,000 (the pass used to
     visit every stream each `status_interval`: 35-50 ms at a million). A stream evicted after its status became due
     is skipped."""
-    cfg = build_config({"metrics": {"port": 0}, "state": {"data_dir": ""},
+    cfg = build_config({"metrics": {"port": 0}, "state": {"data_dir": ""}, "input": {"source": "stdin"},
+                        "output": {"sinks": ["mqtt"], "status_topic": "dp/{stream}/status"},
                         "streams": {"key_file": str(tmp_path / "k"), "template": {**TPL, "holdout": 100}}})
-    d = daemon_mod.Daemon(cfg, stdin=io.BytesIO(b""), stdout=io.StringIO(), install_signals=False)
-    d.startup()
+    d = daemon_mod.Daemon(cfg, stdin=io.BytesIO(b""), install_signals=False)
+    d.startup()  # no broker is needed: nothing is sent before serve() connects
     d.on_lines([f"s{k},{k % 50}".encode() for k in range(2000)])  # created: status published at once
     published: list[str] = []
     d.publish_status = lambda rec: (published.append(rec.name), setattr(rec, "status_due", False))  # type: ignore
@@ -431,3 +432,15 @@ def test_a_status_pass_visits_the_streams_whose_status_is_due_not_all(tmp_path: 
     assert sorted(published) == ["s1999", "s500", "s7"]
     d.publish_statuses()
     assert sorted(published) == ["s1999", "s500", "s7"]  # once
+
+
+def test_without_a_status_loop_no_stream_is_kept_pending(tmp_path: Path) -> None:
+    """No status topic (or no MQTT output): nothing reads the pending names, so none are kept (a million holdout
+    streams would otherwise hold a million names for nothing)."""
+    cfg = build_config({"metrics": {"port": 0}, "state": {"data_dir": ""},
+                        "streams": {"key_file": str(tmp_path / "k"), "template": {**TPL, "holdout": 100}}})
+    d = daemon_mod.Daemon(cfg, stdin=io.BytesIO(b""), stdout=io.StringIO(), install_signals=False)
+    d.startup()
+    for r in range(2):
+        d.on_lines([f"s{k},{(k + r) % 50}".encode() for k in range(500)])
+    assert d.router.status_pending is None

@@ -108,8 +108,9 @@ class Router:
         self.ticks_total = 0  # ticks processed since the start, never reset (checkpoint every N ticks)
         self.latencies: list[float] = []
         self.status_now: list[StreamRecord] = []  # new streams and phase changes: status goes out at once
-        # streams whose status became due (a holdout took a reading): the status loop visits these, not every stream
-        self.status_pending: set[str] = set()
+        # streams whose status became due (a holdout took a reading): the status loop visits these, not every
+        # stream; None (kept by nobody) when no status loop runs
+        self.status_pending: set[str] | None = None
         # releasing ToPS streams as rows of one columnar store, released together in one compiled pass per flush
         # (operators/columnar.py); None: every stream keeps its own operator object
         self.pool: ColumnarRelease | None = None
@@ -238,7 +239,8 @@ class Router:
             self.status_now.append(rec)
         else:
             rec.status_due = True
-            self.status_pending.add(rec.name)
+            if self.status_pending is not None:
+                self.status_pending.add(rec.name)
 
     def _process(self, rec: StreamRecord, values: list[float], ts: list[float]) -> ReleaseBatch | None:
         try:
@@ -318,7 +320,8 @@ class Router:
             self._adopt(rec)
         elif rec.phase == "holdout":
             rec.status_due = True
-            self.status_pending.add(rec.name)
+            if self.status_pending is not None:
+                self.status_pending.add(rec.name)
         self.latencies.append(time.perf_counter() - t0)
         return batch
 

@@ -188,6 +188,8 @@ class Daemon:
             pubq = self.pubq
             m.watch(m.publish_queue, lambda: len(pubq))
             self.mqtt_out = mqtt_out
+            if mqtt_out and cfg.output.status_topic:  # the status loop runs: the router keeps who is due
+                self.router.status_pending = set()
         else:
             self.mqtt_out = False
         if cfg.input.source == "stdin":
@@ -590,7 +592,10 @@ class Daemon:
         """The status of every stream whose status became due since the last pass (the router's pending names:
         a pass at a million streams visited them all, 35-50 ms every ``status_interval``)."""
         router = self.router
-        pending, router.status_pending = router.status_pending, set()
+        pending = router.status_pending
+        if not pending:
+            return
+        router.status_pending = set()
         streams = router.streams
         for name in pending:
             rec = streams.get(name)  # gone (evicted) meanwhile: nothing to say
