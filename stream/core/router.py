@@ -50,6 +50,7 @@ class StreamRecord:
     identity: str = ""  # the run's or the store's identity its key derives from (stream/core/keys.py; not secret)
     failed: bool = False
     last_seen: float = 0.0  # time.monotonic() of the last reading taken (idle eviction)
+    seen_window: int = -1  # the idle window of ``last_seen`` (Router.seen), when eviction runs
     lent: Any = None  # a checkpoint's writer may still read this holdout operator: ``lent.detach()`` before
     # changing it (stream/state/records.py)
 
@@ -111,6 +112,10 @@ class Router:
         # streams whose status became due (a holdout took a reading): the status loop visits these, not every
         # stream; None (kept by nobody) when no status loop runs
         self.status_pending: set[str] | None = None
+        # idle eviction (:meth:`track_idle`): the names last seen in each window of ``idle_window`` seconds, so that
+        # finding the idle streams visits old windows, not every stream
+        self.idle_window = 0.0
+        self.seen: dict[int, set[str]] | None = None
         # releasing ToPS streams as rows of one columnar store, released together in one compiled pass per flush
         # (operators/columnar.py); None: every stream keeps its own operator object
         self.pool: ColumnarRelease | None = None
@@ -143,6 +148,8 @@ class Router:
             first = self.clock.last_closable(time.time() if now is None else now) + 1
             rec.bins = CategoryBins(first) if getattr(op, "takes_categories", False) else PeriodBins(first)
         self.streams[name] = rec
+        if self.seen is not None:
+            self._seen_now(rec)
         if rec.phase == "holdout":
             self.in_holdout += 1
         else:
@@ -191,7 +198,50 @@ class Router:
         self.counts["ok"] += 1
         self.dirty[rec.name] = rec
         rec.last_seen = time.monotonic()
+        if self.seen is not None:
+            self._seen_now(rec)
         return "ok"
+
+    def track_idle(self, window: float) -> None:
+        """Keep, per ``window`` seconds, the names of the streams last seen then (the daemon's idle eviction)."""
+        self.idle_window = window
+        self.seen = {}
+        for rec in self.streams.values():
+            self._seen_now(rec)
+
+    def _seen_now(self, rec: StreamRecord) -> None:
+        """``rec.last_seen`` changed: move its name to that time's window (once per window per stream)."""
+        w = int(rec.last_seen / self.idle_window)
+        if w != rec.seen_window:
+            seen = self.seen
+            assert seen is not None
+            old = seen.get(rec.seen_window)
+            if old is not None:
+                old.discard(rec.name)
+                if not old:
+                    del seen[rec.seen_window]
+            seen.setdefault(w, set()).add(rec.name)
+            rec.seen_window = w
+
+    def idle(self, cutoff: float) -> list[str]:
+        """The streams without a reading since ``cutoff`` (monotonic time), from the windows that end before it and
+        the one it falls in: the streams seen later are not visited."""
+        seen = self.seen
+        if seen is None:
+            return [n for n, rec in self.streams.items() if rec.last_seen <= cutoff]
+        last = int(cutoff / self.idle_window)
+        streams, out = self.streams, []
+        for w in [w for w in seen if w <= last]:
+            names = seen[w]
+            for n in list(names):
+                rec = streams.get(n)
+                if rec is None or rec.seen_window != w:  # gone, or a new record under this name: not here any more
+                    names.discard(n)
+                elif rec.last_seen <= cutoff:
+                    out.append(n)
+            if not names:
+                del seen[w]
+        return out
 
     _accept = add  # the router's own add (durable state wraps ``add`` and ``add_many`` on the instance)
 
@@ -215,6 +265,8 @@ class Router:
                 self.counts["ok"] += len(values)
                 self.dirty[rec.name] = rec
                 rec.last_seen = time.monotonic()
+                if self.seen is not None:
+                    self._seen_now(rec)
             return None
         accept = self._accept
         kept = [i for i, v in enumerate(values)
@@ -271,6 +323,12 @@ class Router:
             if rec is None:
                 continue
             self.dirty.pop(name, None)
+            if self.seen is not None:
+                window = self.seen.get(rec.seen_window)
+                if window is not None:
+                    window.discard(name)
+                    if not window:
+                        del self.seen[rec.seen_window]
             if type(rec.operator) is RowOperator:
                 rec.operator.free()
             if rec.phase == "holdout":

@@ -606,6 +606,7 @@ class Daemon:
         """Idle streams leave memory: every quarter of ``[streams] idle_timeout`` (at most a minute)."""
         timeout = float(self.cfg.streams.idle_timeout)
         interval = min(max(timeout / 4, 0.05), 60.0)
+        self.router.track_idle(interval)  # the idle ones are found in old windows, not by a walk of every stream
         while True:
             await asyncio.sleep(interval)
             await self.evict_idle(timeout)
@@ -617,13 +618,13 @@ class Daemon:
         durable, router = self.durable, self.router
         assert durable is not None
         cutoff = time.monotonic() - timeout
-        if not any(rec.last_seen <= cutoff for rec in router.streams.values()):
+        if not router.idle(cutoff):
             return 0
         await durable.checkpoint_now()
         # Right after the checkpoint (no await in between): evict only what it saved as it is now.
-        gone = [name for name, rec in router.streams.items()
-                if rec.last_seen <= cutoff and not rec.pending and name not in router.dirty
-                and name not in durable.changed]
+        streams = router.streams
+        gone = [name for name in router.idle(cutoff)
+                if not streams[name].pending and name not in router.dirty and name not in durable.changed]
         n = router.evict(gone)
         if n:
             self.metrics.streams_evicted.inc(n)
