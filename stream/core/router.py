@@ -213,15 +213,19 @@ class Router:
         """``rec.last_seen`` changed: move its name to that time's window (once per window per stream)."""
         w = int(rec.last_seen / self.idle_window)
         if w != rec.seen_window:
-            seen = self.seen
-            assert seen is not None
-            old = seen.get(rec.seen_window)
-            if old is not None:
-                old.discard(rec.name)
-                if not old:
-                    del seen[rec.seen_window]
-            seen.setdefault(w, set()).add(rec.name)
+            self._leave_window(rec)
+            self.seen.setdefault(w, set()).add(rec.name)  # type: ignore[union-attr]
             rec.seen_window = w
+
+    def _leave_window(self, rec: StreamRecord) -> None:
+        """Take the stream's name out of the window it was last seen in (an empty window goes)."""
+        seen = self.seen
+        assert seen is not None
+        names = seen.get(rec.seen_window)
+        if names is not None:
+            names.discard(rec.name)
+            if not names:
+                del seen[rec.seen_window]
 
     def idle(self, cutoff: float) -> list[str]:
         """The streams without a reading since ``cutoff`` (monotonic time), from the windows that end before it and
@@ -324,11 +328,7 @@ class Router:
                 continue
             self.dirty.pop(name, None)
             if self.seen is not None:
-                window = self.seen.get(rec.seen_window)
-                if window is not None:
-                    window.discard(name)
-                    if not window:
-                        del self.seen[rec.seen_window]
+                self._leave_window(rec)
             if type(rec.operator) is RowOperator:
                 rec.operator.free()
             if rec.phase == "holdout":

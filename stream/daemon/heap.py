@@ -2,10 +2,11 @@
 
 CPython's cyclic collector walks every tracked object of its oldest generation at each full pass, with the event loop
 stopped. A daemon's streams are such objects (a stream in its holdout: its record, operator, generator, leaf
-statistics and a few lists, about 8) and live as long as the process; a full pass runs whenever the objects that
+statistics and a few lists, about 6) and live as long as the process; a full pass runs whenever the objects that
 survived two younger passes grew by a quarter of the oldest generation, which a growing fleet and every checkpoint
-(the states lent to the writer thread live through it) keep doing. With 10,000 streams in their holdout such a pass
-took 42-102 ms, seven times in six seconds: the longest pauses of intake.
+(the states lent to the writer thread live through it) keep doing. With 10,000 streams in their holdout at 20,000
+readings/s such passes took 98-132 ms, once or twice in six seconds (``bench/bench_state.py``): the longest pauses of
+intake.
 
 :class:`Heap` freezes (``gc.freeze``) what is alive every ``freeze_every`` seconds, after a pass over the two younger
 generations (young cyclic garbage is collected, not frozen): full passes then walk only what was made since, whatever
@@ -34,7 +35,7 @@ SWEEP_EVERY = 86400.0  # seconds between full passes over everything, frozen inc
 
 class Heap:
     """Freezes what lives every ``freeze_every`` s and sweeps everything every ``sweep_every`` s (:meth:`tick`, called
-    by the daemon's accounting loop)."""
+    after each processing step and by the accounting loop)."""
 
     def __init__(self, freeze_every: float = FREEZE_EVERY, sweep_every: float = SWEEP_EVERY,
                  clock: Callable[[], float] = time.monotonic) -> None:
