@@ -116,7 +116,7 @@ class DiscreteLaplace:
                 setattr(self, name, value)
             return
         self._compute(epsilon, sensitivity)
-        if len(_DL_PARAMETERS) < 4096:
+        if len(_DL_PARAMETERS) < _DL_CACHED:
             _DL_PARAMETERS[(epsilon, sensitivity)] = tuple(getattr(self, n) for n in self.__slots__)
 
     def _compute(self, epsilon: float, sensitivity: float) -> None:
@@ -188,6 +188,9 @@ def discrete_laplace_variance(a: float) -> float:
 
 
 _DL_PARAMETERS: dict[tuple[float, float], tuple] = {}  # (epsilon, sensitivity) -> the slots' values
+# every sensitivity a threshold can take (4,296 candidates for B = 5,000) at each of a few budgets: a daemon's streams
+# end their holdouts with thetas all over the grid (about 250 bytes an entry: 8 MB at most)
+_DL_CACHED = 1 << 15
 _PRECISION_BITS = 20  # t / s carries >= 20 significant bits: effective epsilon >= epsilon (1 - 2^-20)
 _MIN_SCALE = Fraction(1, 1 << 10)
 _MAX_SCALE = Fraction(1 << 36)  # so that m <= 56 and the long division r << 8 stays below 2^64
@@ -376,6 +379,14 @@ def _kernel(n: int = 0):
     return st["sample"]
 
 
+def compiled_loaded() -> bool:
+    """Whether this process uses the compiled kernels (loaded after a few draws, or forced by TOPS_NOISE_KERNEL);
+    other modules' compiled twins follow the same choice, so a short command never pays numba's import."""
+    if _kernel_state["sample"] is None and os.environ.get("TOPS_NOISE_KERNEL", "") == "numba":
+        _kernel()
+    return _kernel_state["sample"] is not None  # never loaded while TOPS_NOISE_KERNEL=numpy
+
+
 def _sample_fast(bits: _Bits, n: int, dl: DiscreteLaplace) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_sample` (and its overflow marks), by the compiled kernel once it is loaded."""
     kernel = _kernel(n)
@@ -483,6 +494,21 @@ class KeyedGenerator:
                 part[over] = self._overflow_samples(domain, address, start + c0 + over, main, noise)
             out[c0 : c0 + c] = part
         return out
+
+    def discrete_laplace_one(self, domain: int, address: int, index: int, noise: DiscreteLaplace) -> int:
+        """Sample ``index`` of :meth:`discrete_laplace` (the same value): once the compiled kernels are loaded, its
+        block of the keystream goes straight to the compiled sampler, without the general path's set-up for many
+        samples (a single draw, as the holdout's choice makes, in a few microseconds); a sample that needs more than
+        its 512 bits goes on through the general path."""
+        sample = _kernel_state["sample"]
+        if sample is not None and isinstance(noise, DiscreteLaplace) and 0 <= index < _MAX_BLOCKS:
+            padded = np.zeros(_BUDGET_WORDS + 1, dtype=np.uint64)  # one zero word after it, as _Bits pads
+            padded[:_BUDGET_WORDS] = self.words(domain, address, _BUDGET_WORDS * index, _BUDGET_WORDS)
+            out = np.zeros(1, dtype=np.int64)
+            ovf = np.zeros(1, dtype=bool)
+            if sample(padded, _BUDGET_WORDS, noise.log2_t, noise.s, noise.q, noise.r, out, ovf) and not ovf[0]:  # type: ignore[operator]
+                return int(out[0])
+        return int(self.discrete_laplace(domain, address, index, 1, noise)[0])
 
     def _overflow_samples(
         self, domain: int, address: int, index: np.ndarray, main: np.ndarray, noise: DiscreteLaplace

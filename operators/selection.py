@@ -77,7 +77,7 @@ import numpy as np
 
 from operators.config import tree_height
 from operators.hierarchy import layer_weight
-from operators.noise import DiscreteLaplace, Domain, KeyedGenerator
+from operators.noise import DiscreteLaplace, Domain, KeyedGenerator, _words_to_uniform, compiled_loaded
 from operators.threshold import m_theta, report_noisy_max, smoother_layers
 
 __all__ = [
@@ -188,6 +188,12 @@ def noise_constant(fanout: int, query_range: int, s: int) -> float:
     """``G_s = 2 L^2 g_s``: the noise of a random range is ``G_s theta^2 / eps^2`` (theta in quantized units)."""
     layers = tree_height(query_range, fanout) - s
     return 2.0 * layers**2 * noise_gain(fanout, query_range, s)
+
+
+@functools.lru_cache(maxsize=64)
+def _noise_constants(fanout: int, query_range: int) -> dict[int, float]:
+    """``G_s`` for every ``s`` of the hierarchy (shared and never modified: the choice reads it for every stream)."""
+    return {s: noise_constant(fanout, query_range, s) for s in range(tree_height(query_range, fanout))}
 
 
 @functools.cache
@@ -302,13 +308,13 @@ def _dlap(gen: KeyedGenerator, address: int, index: int, epsilon: float, sensiti
     if sens / epsilon > 2.0**36:
         return None
     noise = DiscreteLaplace(epsilon=min(epsilon, sens * 1024.0), sensitivity=sens)
-    return int(gen.discrete_laplace(Domain.THRESHOLD, address, index, 1, noise)[0])
+    return gen.discrete_laplace_one(Domain.THRESHOLD, address, index, noise)
 
 
 class _Grids:
     """What the calibrated choice computes from a candidate grid alone (public), once per grid."""
 
-    __slots__ = ("_around", "candidates", "geo", "squares", "values")
+    __slots__ = ("_around", "_noise_terms", "candidates", "geo", "squares", "values")
 
     def __init__(self, candidates: np.ndarray) -> None:
         n_cand = len(candidates)
@@ -318,6 +324,17 @@ class _Grids:
         self.geo = geo[geo < n_cand]
         self.squares = candidates.astype(np.float64) ** 2
         self._around: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._noise_terms: dict[tuple[float, float, float], np.ndarray] = {}
+
+    def noise_term(self, a: float, eps2: float, moment: float) -> np.ndarray:
+        """``a theta^2 / eps2 / moment`` at every candidate (read-only; the same operations as written out)."""
+        got = self._noise_terms.get((a, eps2, moment))
+        if got is None:
+            got = a * self.squares / eps2 / moment
+            got.flags.writeable = False
+            if len(self._noise_terms) < 64:
+                self._noise_terms[(a, eps2, moment)] = got
+        return got
 
     def around(self, q_k: int) -> tuple[np.ndarray, np.ndarray]:
         """The thetas of step 3 around the quantile ``q_k`` (and their indexes in the grid)."""
@@ -360,6 +377,16 @@ def _best_model(thetas: np.ndarray, s_options: list[int], G: dict[int, float], s
     return best
 
 
+def _counts_kernel():
+    """The compiled :func:`operators._selection_kernel.counts_noisy_max` once the process loaded the compiled noise
+    kernels (it draws often: a daemon), else None (numpy: the same index)."""
+    if not compiled_loaded():
+        return None
+    from operators._selection_kernel import counts_noisy_max
+
+    return counts_noisy_max
+
+
 def choose(
     hist: np.ndarray,
     candidates: np.ndarray,
@@ -385,9 +412,8 @@ def choose(
     grid = _grids(candidates)
     values = grid.values
     hist = np.asarray(hist, dtype=np.float64)
-    counts_above = m_theta(hist.astype(np.int64))
     s_options = [fixed_s] if fixed_s is not None else list(range(h))
-    G = {s: noise_constant(fanout, query_range, s) for s in s_options}
+    G = _noise_constants(fanout, query_range)
     moment = range_length_moment(query_range)
     geo = grid.geo
     # the percentile's share: at least 10%, more (up to 30%, taken from theta's) so that top_k <= m / 4
@@ -399,6 +425,7 @@ def choose(
     rank_error = 4.0 * math.log(max(geo.size, 2)) / eps_q  # of the exponential mechanism at eps_q / 2
     top_k = 2.0 * rank_error
     if not fallback:  # 1. the value with top_k holdout values above it (as high as this budget can see)
+        counts_above = m_theta(hist.astype(np.int64))  # Eq. 5
         util = -np.abs(counts_above[geo] - top_k)
         pick = report_noisy_max(util, gen.uniforms(int(Domain.THRESHOLD), 1, 0, geo.size), eps_q / 2)
         q_k = int(candidates[geo[pick]])
@@ -421,8 +448,15 @@ def choose(
     else:  # too little budget for a useful quantile: theta now, from counts (C = 1), with the two shares
         eps_t += eps_q + BUDGET_SPLIT["excess"] * threshold_epsilon
         s_pre = min(s_options, key=lambda s: G[s])
-        util = -np.sqrt(m * m * G[s_pre] * grid.squares / epsilon**2 / moment + counts_above.astype(np.float64) ** 2)
-        q = int(candidates[report_noisy_max(util, gen.uniforms(int(Domain.THRESHOLD), 4, 0, n_cand), eps_t)])
+        base = grid.noise_term(m * m * G[s_pre], epsilon**2, moment)  # public: once per configuration
+        words = gen.words(int(Domain.THRESHOLD), 4, 0, n_cand)
+        kernel = _counts_kernel()
+        if kernel is not None:  # the same index, with far fewer logarithms (operators/_selection_kernel.py)
+            k = kernel(hist.astype(np.int64), base, words, eps_t)
+        else:
+            util = -np.sqrt(base + m_theta(hist.astype(np.int64)).astype(np.float64) ** 2)
+            k = report_noisy_max(util, _words_to_uniform(words), eps_t)
+        q = int(candidates[k])
         scale_ref = q
     # 2. smoothing error per measurable s
     cap_k = int(np.searchsorted(blocks.caps, max(scale_ref, 1), side="right")) - 1

@@ -238,14 +238,15 @@ class ToPS:
         """One tick: its release, or NaN in the holdout.
 
         A scalar fast path for the daemon; it does exactly what :meth:`process` does on a one-element array (a test
-        checks bit equality), and hands over to it whenever a leaf completes or the holdout ends.
+        checks bit equality): the holdout's readings, its end (the choice, :meth:`_select`) and the ticks inside a
+        leaf here, and it hands over to :meth:`process` whenever a leaf completes.
         """
         cfg = self.config
         v = float(value)
         st = self._smoother
         if cfg.lower:  # the general path clamps, shifts and adds lower back
             return float(self.process(np.array([v], dtype=np.float64))[0])
-        if self._hist is not None and self.holdout_left > 1:
+        if self._hist is not None:
             if v > cfg.bound:
                 self.clamped += 1
                 v = cfg.bound
@@ -266,6 +267,8 @@ class ToPS:
                 if len(self._pending) >= 64:
                     self._flush()
             self.ticks += 1
+            if self.ticks >= cfg.holdout_ticks:  # the holdout's last reading: choose, as process() does
+                self._select()
             return math.nan
         if st is not None and st.pos + 1 < st.leaf_ticks:
             if v > cfg.bound:

@@ -173,3 +173,25 @@ def test_compiled_and_numpy_samplers_draw_the_same_samples(tmp_path) -> None:
         assert r.returncode == 0, r.stderr
         runs[kind] = np.load(out)
     assert runs["numpy"].size > 20_000 and np.array_equal(runs["numpy"], runs["numba"])
+
+
+def test_one_compiled_draw_is_the_general_paths_sample() -> None:
+    """``discrete_laplace_one`` (one compiled call: the sample's ChaCha20 block and the sampler, used by the holdout's
+    choice) gives sample ``index`` of ``discrete_laplace``, bit for bit, in every regime; a sample that needs more
+    than its 512 bits goes on through the general path's overflow keystream."""
+    from operators import noise
+
+    noise._kernel(1 << 16)  # load the compiled kernels, as a process that draws often does
+    assert noise.compiled_loaded()
+    rng = np.random.default_rng(11)
+    g = KeyedGenerator(bytes(range(32)))
+    seen = 0
+    for eps, sens in [(0.5, 1), (1 / 3, 3), (0.1, 20), (40.0, 1), (1e-3, 1e6), (1e-3, 6.8e7)]:
+        dl = DiscreteLaplace(eps, sens)
+        address = int(rng.integers(0, 2**63))
+        start = int(rng.integers(0, 2**31))
+        many = g.discrete_laplace(7, address, start, 3000, dl)
+        one = [g.discrete_laplace_one(7, address, start + i, dl) for i in range(3000)]
+        assert one == many.tolist()
+        seen += len(one)
+    assert seen == 18_000
