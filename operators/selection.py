@@ -94,6 +94,7 @@ __all__ = [
 
 BUDGET_SPLIT = {"quantile": 0.10, "excess": 0.10, "smoothing": 0.15, "threshold": 0.55, "start": 0.10}
 _MAX_QUANTILE_SHARE = 0.3
+_FEW = 8  # BlockStats.add takes at most this many readings one at a time in Python (numpy's set-up costs more)
 _THETA_POINTS = 72  # theta candidates between q_k / 4 and 8 q_k, 5% apart
 _STEPS = 1024.0  # statistics are rounded to 1/1024 before their integer noise
 _QUANTILE_GRID = 48  # the percentile is searched on at most this many geometric points
@@ -240,6 +241,9 @@ class BlockStats:
         if units.size == 0 or not self.widths:
             self.pos += units.size
             return
+        if units.size <= _FEW:
+            self._add_few(units.tolist())
+            return
         tr = np.minimum(units[None, :], self.caps[:, None])  # caps x n
         cum = np.concatenate([np.zeros((len(self.caps), 1), dtype=np.int64), np.cumsum(tr, axis=1)], axis=1)
         n = units.size
@@ -258,6 +262,30 @@ class BlockStats:
             self.prev[i] = sums[:, -1]
             self.partial[i] = cum[:, n] - cum[:, ends[-1]]
         self.pos += n
+
+    def _add_few(self, units: list[int]) -> None:
+        """:meth:`add` of a few readings, one at a time in Python integers: the same sums (integers; ``acc`` holds
+        integer-valued floats below 2^53, so the order of its additions does not matter). A checkpoint folds in the
+        one or two readings a holdout took since the last one, where numpy's set-up per call is most of the cost."""
+        caps = self.caps.tolist()
+        partial, prev, acc, pairs = self.partial.tolist(), self.prev.tolist(), self.acc.tolist(), self.pairs.tolist()
+        pos = self.pos
+        for u in units:
+            pos += 1
+            tr = [u if u < c else c for c in caps]
+            for i, w in enumerate(self.widths):
+                part = partial[i] = [p + t for p, t in zip(partial[i], tr, strict=True)]
+                if pos % w:
+                    continue
+                if prev[i][0] >= 0:  # a block completed after another: one more difference
+                    acc[i] = [a + abs(p - q) for a, p, q in zip(acc[i], part, prev[i], strict=True)]
+                    pairs[i] += 1
+                prev[i], partial[i] = part, [0] * len(caps)
+        self.pos = pos
+        self.partial[:] = partial
+        self.prev[:] = prev
+        self.acc[:] = acc
+        self.pairs[:] = pairs
 
     def copy(self) -> BlockStats:
         """An independent copy (the widths and caps are shared: read-only)."""

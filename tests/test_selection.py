@@ -200,13 +200,23 @@ def test_block_statistics_are_exact_however_the_holdout_arrives() -> None:
     for u in units[:700]:
         single.add(np.array([u]))
     single.add(units[700:])
+    few = sel.BlockStats(4, 3000, 50, 1024)  # pieces of 1 to 12 readings: both of add's paths, interleaved
+    start = 0
+    while start < units.size:
+        k = int(rng.integers(1, 13))
+        few.add(units[start : start + k])
+        start += k
     for i, w in enumerate(whole.widths):
         for j, cap in enumerate(whole.caps.tolist()):
             sums = np.minimum(units, cap)[: units.size // w * w].reshape(-1, w).sum(axis=1)
             brute = np.abs(np.diff(sums)).sum()
-            for stats in (whole, pieces, single):
+            for stats in (whole, pieces, single, few):
                 assert stats.acc[i, j] == brute
                 assert stats.pairs[i] == sums.size - 1
+    for stats in (pieces, single, few):  # the whole state, not only the differences
+        assert stats.pos == whole.pos
+        for a, b in ((stats.partial, whole.partial), (stats.prev, whole.prev), (stats.acc, whole.acc)):
+            assert np.array_equal(a, b) and a.dtype == b.dtype
 
 
 def test_one_reading_at_a_time_with_checkpoints_gives_the_batch_releases() -> None:
