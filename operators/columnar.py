@@ -31,6 +31,7 @@ True
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ import numpy as np
 from operators.config import ToPSConfig
 from operators.hierarchy import ConsistentNoise
 from operators.noise import DiscreteLaplace, KeyedGenerator
+from operators.smoother import SmootherState
 from operators.tops import _SNAPSHOT_VERSION, ToPS
 
 __all__ = ["ColumnarRelease", "RowOperator", "columnar_eligible"]
@@ -101,6 +103,39 @@ class ColumnarRelease:
         if not columnar_eligible(op):
             msg = "only releasing ToPS streams with the recent smoother and lower = 0 become rows"
             raise ValueError(msg)
+        walk = op._noise
+        return self._put(op.config, op._gen._key, op.theta_units, op.smoother_layers, op._smoother, op.ticks,
+                         op.clamped, op._bound_units, walk.tree * walk.leaves_per_tree + walk.leaf)
+
+    def add_snapshot(self, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> int | None:
+        """A stored releasing stream straight into a row: the row :meth:`add` makes of ``ToPS.restore(config, key,
+        snapshot)``, without building the operator first (its walk, its smoother: most of what a stream restored at
+        its first reading after a restart costs). None when a row cannot hold it (in its holdout, another smoother,
+        a lower bound): the caller restores the operator. A snapshot that does not fit raises ``KeyError``,
+        ``TypeError`` or ``ValueError``, as :meth:`ToPS.restore` does."""
+        if config.smoother != "recent" or config.lower != 0 or snapshot.get("theta_units") is None:
+            return None
+        ToPS.check_snapshot(config, snapshot)
+        theta, s = int(snapshot["theta_units"]), int(snapshot["smoother_layers"])
+        h = config.height
+        if not 0 <= s < h:
+            msg = "corrupt ToPS snapshot (smoother layers)"
+            raise ValueError(msg)
+        layers = h - s
+        DiscreteLaplace(epsilon=config.epsilon / layers, sensitivity=theta)  # refuses the theta restore refuses
+        if not isinstance(key, bytes | bytearray) or len(key) != _KEY_BYTES:
+            msg = f"a stream key is {_KEY_BYTES} bytes"
+            raise ValueError(msg)
+        tree, leaf = int(snapshot["walk"]["tree"]), int(snapshot["walk"]["leaf"])
+        leaves_per_tree = config.query_range // config.fanout ** (h - 1) * config.fanout ** (layers - 1)
+        st = SmootherState.from_dict(config.smoother, config.fanout**s, config.window, snapshot["smoother"])
+        return self._put(config, bytes(key), theta, s, st, int(snapshot["ticks"]), int(snapshot["clamped"]),
+                         math.floor(config.span / config.resolution + 1e-9), tree * leaves_per_tree + leaf)
+
+    def _put(self, cfg: ToPSConfig, key: bytes, theta: int, s: int, st: SmootherState, ticks: int, clamped: int,
+             bound_units: int, drawn: int) -> int:
+        """Write a releasing stream into a free row (the store grows when full); its noise is drawn at its first
+        refill (``drawn``: the leaves its walk has produced)."""
         if self._free:
             r = self._free.pop()
         else:
@@ -108,27 +143,26 @@ class ColumnarRelease:
                 self._alloc(2 * self.capacity)
             r = self.rows
             self.rows += 1
-        st, cfg, walk = op._smoother, op.config, op._noise
         ci = self._config_index.get(cfg)
         if ci is None:
             ci = self._config_index[cfg] = len(self.configs)
             self.configs.append(cfg)
         self.config[r] = ci
-        self.key[r] = np.frombuffer(op._gen._key, dtype=np.uint8)
-        self.theta[r] = op.theta_units
-        self.layers_kept[r] = op.smoother_layers
+        self.key[r] = np.frombuffer(key, dtype=np.uint8)
+        self.theta[r] = theta
+        self.layers_kept[r] = s
         self.width[r] = st.leaf_ticks
         self.pos[r] = st.pos
         self.leaf_sum[r] = st.leaf_sum
         self.pred[r] = st.pred
         self.u0[r] = st.total  # the Recent smoother's prior u_0 (its snapshot carries it)
-        self.ticks[r] = op.ticks
-        self.clamped[r] = op.clamped
+        self.ticks[r] = ticks
+        self.clamped[r] = clamped
         self.bound[r] = cfg.bound
-        self.bound_units[r] = op._bound_units
+        self.bound_units[r] = bound_units
         self.resolution[r] = cfg.resolution
         self.head[r] = self.avail[r] = 0
-        self.drawn[r] = walk.tree * walk.leaves_per_tree + walk.leaf  # leaves the walk has produced
+        self.drawn[r] = drawn  # leaves the walk has produced
         return r
 
     def release(self, r: int) -> None:

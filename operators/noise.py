@@ -107,14 +107,17 @@ class DiscreteLaplace:
     __slots__ = ("a", "effective_epsilon", "epsilon", "log2_t", "q", "r", "s", "scale", "scale_fraction", "sensitivity")
 
     def __init__(self, epsilon: float, sensitivity: float) -> None:
-        if not _positive_finite(epsilon) or not _positive_finite(sensitivity):
-            msg = "epsilon and sensitivity must be positive finite numbers"
-            raise ValueError(msg)
-        done = _DL_PARAMETERS.get((epsilon, sensitivity))  # exact rational work, once per (epsilon, sensitivity)
+        # the exact rational work once per (epsilon, sensitivity): a pair in the cache was checked when it was made
+        # (plain ints and floats only: True == 1 and 1 == 1.0 are equal keys, and a bool must still be refused)
+        done = (_DL_PARAMETERS.get((epsilon, sensitivity))
+                if type(epsilon) in _PLAIN and type(sensitivity) in _PLAIN else None)
         if done is not None:
             for name, value in zip(self.__slots__, done, strict=True):
                 setattr(self, name, value)
             return
+        if not _positive_finite(epsilon) or not _positive_finite(sensitivity):
+            msg = "epsilon and sensitivity must be positive finite numbers"
+            raise ValueError(msg)
         self._compute(epsilon, sensitivity)
         if len(_DL_PARAMETERS) < _DL_CACHED:
             _DL_PARAMETERS[(epsilon, sensitivity)] = tuple(getattr(self, n) for n in self.__slots__)
@@ -191,6 +194,7 @@ _DL_PARAMETERS: dict[tuple[float, float], tuple] = {}  # (epsilon, sensitivity) 
 # every sensitivity a threshold can take (4,296 candidates for B = 5,000) at each of a few budgets: a daemon's streams
 # end their holdouts with thetas all over the grid (about 250 bytes an entry: 8 MB at most)
 _DL_CACHED = 1 << 15
+_PLAIN = (int, float)
 _PRECISION_BITS = 20  # t / s carries >= 20 significant bits: effective epsilon >= epsilon (1 - 2^-20)
 _MIN_SCALE = Fraction(1, 1 << 10)
 _MAX_SCALE = Fraction(1 << 36)  # so that m <= 56 and the long division r << 8 stays below 2^64

@@ -26,6 +26,7 @@ post-processing of released values, computed in a fixed order so that batching n
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +39,17 @@ _GRID = 1024.0
 
 def _grid(x):
     return np.rint(np.asarray(x, dtype=np.float64) * _GRID) / _GRID
+
+
+def _grid_scalar(x: float) -> float:
+    """``float(_grid(x))`` for one number without numpy's overhead per call (every new or restored stream makes its
+    first prediction): ``round`` is round-half-even as ``np.rint`` is, scaling by 1024 is exact, and a zero keeps the
+    sign ``np.rint`` gives it (a test compares both on many numbers)."""
+    y = float(x) * _GRID
+    if not math.isfinite(y):
+        return float(_grid(x))
+    r = round(y) / _GRID
+    return r if r else math.copysign(0.0, x)
 
 
 @dataclass
@@ -62,7 +74,7 @@ class SmootherState:
         private estimate of the per-tick mean from the holdout: operators.selection)."""
         u0 = leaf_ticks * (theta_units / 2.0 if start is None else float(start))
         history = [u0] if smoother == "moving" else []  # the paper's moving average starts from u_0
-        return cls(smoother, leaf_ticks, window, float(_grid(u0 / leaf_ticks)), total=u0, history=history)
+        return cls(smoother, leaf_ticks, window, _grid_scalar(u0 / leaf_ticks), total=u0, history=history)
 
     def to_dict(self) -> dict:
         return {

@@ -362,9 +362,10 @@ class ToPS:
             snap["smoother"] = self._smoother.to_dict()
         return snap
 
-    @classmethod
-    def restore(cls, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> ToPS:
-        """Continue from ``snapshot``; the noise of the current tree is regenerated from the key, never redrawn."""
+    @staticmethod
+    def check_snapshot(config: ToPSConfig, snapshot: dict[str, Any]) -> None:
+        """``ValueError`` unless ``snapshot`` is of this version and was made with ``config`` (what :meth:`restore`
+        checks first; ``operators.columnar`` restores a releasing stream straight into a row after the same check)."""
         if snapshot.get("version") != _SNAPSHOT_VERSION:
             msg = "unsupported ToPS snapshot version"
             raise ValueError(msg)
@@ -376,6 +377,11 @@ class ToPS:
             if "selection" not in snapshot["config"]:
                 msg += ' (before the calibrated selection: set selection = "paper" to finish its holdout)'
             raise ValueError(msg)
+
+    @classmethod
+    def restore(cls, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> ToPS:
+        """Continue from ``snapshot``; the noise of the current tree is regenerated from the key, never redrawn."""
+        cls.check_snapshot(config, snapshot)
         op = cls.__new__(cls)
         op.config = config
         op._gen = KeyedGenerator(key)

@@ -147,3 +147,67 @@ def test_row_operator_is_the_stream_as_an_operator() -> None:
     assert isinstance(again, ToPS) and again.snapshot() == ref.snapshot()
     assert "key" not in repr(row).replace("key=<secret>", "") and key.hex() not in repr(row)
     assert columnar_eligible(ref) and not columnar_eligible(row)
+
+
+_COLUMNS = ("config", "key", "theta", "layers_kept", "width", "pos", "leaf_sum", "pred", "u0", "ticks", "clamped",
+            "bound", "bound_units", "resolution", "head", "avail", "drawn")
+
+
+def test_a_stored_stream_goes_straight_into_the_row_restore_would_make() -> None:
+    """After a restart a releasing stream is restored at its first reading straight into a row
+    (``add_snapshot``: no ToPS object first). Every column equals the row made from ``ToPS.restore`` of the same
+    snapshot (cut anywhere: inside a leaf, at a leaf's end, across tree roll-overs), and both rows then release what
+    the stream that was never stored releases."""
+    rng = np.random.default_rng(1126)
+    via_op, straight = ColumnarRelease(capacity=2, ahead=3), ColumnarRelease(capacity=2, ahead=3)
+    checked = 0
+    for cfg, key, values in _streams(rng, 60):
+        op, rest = _released(cfg, key, values)
+        cut = int(rng.integers(0, rest.size))
+        before = op.process(rest[:cut])
+        assert not np.isnan(before).any()
+        snap = json.loads(json.dumps(op.snapshot()))
+        a = via_op.add(ToPS.restore(cfg, key, snap))
+        b = straight.add_snapshot(cfg, key, snap)
+        assert b is not None
+        for col in _COLUMNS:
+            assert np.array_equal(getattr(via_op, col)[a], getattr(straight, col)[b]), col
+        want = op.process(rest[cut:])
+        got_a = via_op.process(np.full(rest.size - cut, a), rest[cut:])
+        got_b = straight.process(np.full(rest.size - cut, b), rest[cut:])
+        assert np.array_equal(got_a, want) and np.array_equal(got_b, want)
+        via_op.release(a)
+        straight.release(b)
+        checked += 1
+    assert checked == 60
+
+
+def test_a_snapshot_a_row_cannot_hold_or_that_does_not_fit() -> None:
+    """A holdout, another smoother or a lower bound are left to ``ToPS.restore`` (None); a snapshot that does not
+    fit is refused with the exception types the daemon turns into one refusal line, as ``ToPS.restore`` refuses it."""
+    pool = ColumnarRelease(capacity=4)
+    cfg = ToPSConfig(epsilon=1.0, bound=50, theta=20, query_range=64, fanout=4, smoother_layers=1)
+    key = bytes(range(32))
+    op = ToPS(cfg, key)
+    op.process(np.arange(10.0))
+    good = json.loads(json.dumps(op.snapshot()))
+    held = ToPS(ToPSConfig(epsilon=1.0, bound=50, holdout=40, query_range=64, fanout=4), key)
+    held.process(np.arange(5.0))
+    assert pool.add_snapshot(held.config, key, held.snapshot()) is None
+    moving = cfg.replace(smoother="moving")
+    assert pool.add_snapshot(moving, key, ToPS(moving, key).snapshot()) is None
+    low = ToPSConfig(epsilon=1.0, bound=50, lower=5.0, theta=20, query_range=64, fanout=4, smoother_layers=1)
+    assert pool.add_snapshot(low, key, ToPS(low, key).snapshot()) is None
+    bad = [{**good, "version": 99}, {**good, "theta_units": 0}, {**good, "theta_units": "x"},
+           {k: v for k, v in good.items() if k != "walk"}, {**good, "walk": {"tree": 0}},
+           {**good, "smoother": {"pos": 1}}, {**good, "config": {**good["config"], "epsilon": 2.0}},
+           {**good, "smoother_layers": 3}]
+    for snap in bad:
+        with pytest.raises((KeyError, TypeError, ValueError)):
+            pool.add_snapshot(cfg, key, snap)
+        if snap["smoother_layers"] != 3:  # (restore takes s = h as a zero division; a row refuses it plainly)
+            with pytest.raises((KeyError, TypeError, ValueError)):
+                ToPS.restore(cfg, key, snap)
+    with pytest.raises(ValueError, match="32 bytes"):
+        pool.add_snapshot(cfg, key[:16], good)
+    assert len(pool) == 0  # nothing refused took a row

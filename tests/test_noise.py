@@ -195,3 +195,13 @@ def test_one_compiled_draw_is_the_general_paths_sample() -> None:
         assert one == many.tolist()
         seen += len(one)
     assert seen == 18_000
+
+
+def test_a_cached_scale_never_lets_a_bool_or_bad_number_through() -> None:
+    """The parameters of a discrete Laplace are cached per (epsilon, sensitivity); ``True == 1`` and ``1 == 1.0`` are
+    equal keys, so a bool must be refused before the cache is asked (and nothing invalid is ever cached)."""
+    DiscreteLaplace(epsilon=1.0, sensitivity=1)
+    DiscreteLaplace(epsilon=1, sensitivity=1.0)
+    for eps, sens in [(True, 1), (1.0, True), (1.0, math.nan), (math.inf, 1), (-1.0, 1), (1.0, 0)]:
+        with pytest.raises(ValueError, match="positive finite"):
+            DiscreteLaplace(epsilon=eps, sensitivity=sens)

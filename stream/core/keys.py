@@ -26,6 +26,7 @@ True
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -43,10 +44,13 @@ def new_identity() -> str:
     return os.urandom(IDENTITY_HEX // 2).hex()
 
 
+_IDENTITY = re.compile(f"[0-9a-f]{{{IDENTITY_HEX}}}")
+
+
 def check_identity(text: str) -> str:
     """The identity in canonical form (32 lowercase hex digits); ``ValueError`` with one clear line otherwise."""
     t = text.strip().lower() if isinstance(text, str) else ""
-    if len(t) != IDENTITY_HEX or any(c not in "0123456789abcdef" for c in t):
+    if _IDENTITY.fullmatch(t) is None:  # checked at every key derivation: a compiled pattern, not a loop
         msg = f"an identity is {IDENTITY_HEX} hex digits (as printed by tops run and in its status messages)"
         raise ValueError(msg)
     return t

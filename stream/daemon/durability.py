@@ -40,6 +40,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from prometheus_client import Counter
 
+from operators import ToPS
+from operators.columnar import RowOperator
 from stream.core.config import stream_params
 from stream.core.keys import derive_stream_key, load_master_key
 from stream.core.router import ReleaseBatch, StreamRecord
@@ -385,7 +387,12 @@ class Durability:
                 return op
             kind = (type(op), op.config)
         try:  # a stored stream: its operator is made from the snapshot (no fresh one built first)
-            op = kind[0].restore(kind[1], key, operator_snapshot(adm.state, kind[1]))
+            snap = operator_snapshot(adm.state, kind[1])
+            pool = self.router.pool
+            row = pool.add_snapshot(kind[1], key, snap) if pool is not None and kind[0] is ToPS and keyed else None
+            # a releasing stream goes straight into a row of the columnar store (the router's _adopt would move it
+            # there anyway); any other is restored as its operator
+            op = RowOperator(pool, row) if row is not None else kind[0].restore(kind[1], key, snap)
         except (KeyError, TypeError, ValueError) as exc:
             # the exception's text may quote the stored state (a holdout's counts are private): its type only
             msg = (f"stream {name!r}: the stored state does not fit the configuration ({type(exc).__name__}); its "
