@@ -120,3 +120,28 @@ def test_replay_with_a_key_file_needs_the_identity(tmp_path: Path) -> None:
                        cwd=ROOT, capture_output=True, text=True, check=False, timeout=60)
     assert r.returncode == 2
     assert "--identity" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_stream_key_derivation_is_rfc_5869_hkdf_sha256() -> None:
+    """Stream keys are derived with two standard-library HMAC calls (``hkdf_sha256_32``): they must be exactly
+    ``cryptography``'s HKDF-SHA256, or every stored stream would continue after an upgrade with another key (other
+    noise than its own past releases, and than ``tops replay``). RFC 5869's test case 1 (its first 32 bytes), then
+    random masters, salts and infos, then the keys of streams as the daemon names them."""
+    import os
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    from stream.core.keys import _SALT, derive_stream_key, hkdf_sha256_32
+
+    okm = bytes.fromhex("3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865")
+    assert hkdf_sha256_32(bytes(range(13)), b"\x0b" * 22, bytes(range(0xF0, 0xFA))) == okm[:32]
+    for _ in range(500):
+        salt, ikm, info = os.urandom(int.from_bytes(os.urandom(1)) % 40), os.urandom(32), os.urandom(os.urandom(1)[0])
+        want = HKDF(algorithm=hashes.SHA256(), length=32, salt=salt or None, info=info).derive(ikm)
+        assert hkdf_sha256_32(salt, ikm, info) == want
+    master, identity = os.urandom(32), os.urandom(16).hex()
+    for name in ["meter-1", "ü/ß", "x" * 200, ""]:
+        info = f"{identity}:3:".encode() + name.encode("utf-8")
+        want = HKDF(algorithm=hashes.SHA256(), length=32, salt=_SALT, info=info).derive(master)
+        assert derive_stream_key(master, name, identity=identity, generation=3) == want
