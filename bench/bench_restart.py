@@ -10,7 +10,9 @@ no key: each name continues with its own). Then, timed:
    the journal re-processed, the first checkpoint);
 2. a reading for ``--changed`` of the streams (each restored from the store at its reading), then the checkpoint
    of those streams, and the longest the event loop was kept from intake during it (the checkpoint's share that
-   runs in the event loop; encoding and writing run in a worker thread).
+   runs in the event loop; encoding and writing run in a worker thread);
+3. nine more such rounds on other streams (each checkpoint appends its states), then the fold of the appended
+   states into the streams' rows (``[state] fold_after`` = 100,000 makes the daemon fold there).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from stream.core.config import build_config  # noqa: E402
-from stream.daemon.service import Daemon  # noqa: E402
+from stream.daemon.heap import Heap  # noqa: E402
+from stream.daemon.service import Daemon, settle_heap  # noqa: E402
 from stream.state.store import Store  # noqa: E402
 
 TEMPLATE = {"epsilon": 1.0, "bound": 5000.0, "holdout": 3}
@@ -54,6 +57,7 @@ def make_store(tmp: Path, n: int) -> float:
     d.durable.checkpoint()
     d.shutdown()
     st = Store.open(tmp / "state" / "state.db")
+    st.fold()  # the checkpoint appended the states: into the stream rows, to be copied from there
     db = st._db
     rows = db.execute("SELECT generation, params, state FROM streams").fetchall()
     led = db.execute("SELECT epsilon, threshold_epsilon, holdout, params, started FROM ledger LIMIT 1").fetchone()
@@ -72,8 +76,10 @@ def make_store(tmp: Path, n: int) -> float:
 
 
 async def restart(tmp: Path, n: int, changed: int) -> None:
+    settle_heap()  # as `tops run` does, with its heap kept (stream/daemon/heap.py)
     t0 = time.perf_counter()
-    d = Daemon(config(tmp, n), stdin=io.BytesIO(b""), stdout=open(os.devnull, "w"), install_signals=False)
+    d = Daemon(config(tmp, n), stdin=io.BytesIO(b""), stdout=open(os.devnull, "w"), install_signals=False,
+               heap=Heap())
     d.startup()
     dt = time.perf_counter() - t0
     dur = d.durable
@@ -109,6 +115,20 @@ async def restart(tmp: Path, n: int, changed: int) -> None:
     await task
     print(f"checkpoint of {len(lines):,} changed streams: {dt:.3f} s; the event loop's longest pause "
           f"{max(gaps) * 1e3:.1f} ms; state.db {(tmp / 'state' / 'state.db').stat().st_size / 1e6:,.0f} MB")
+    # the checkpoints append; once [state] fold_after states wait (100,000), they are folded into the rows
+    dur.fold_after = 10**9  # no fold before it is timed
+    times = [dt]
+    for k in range(1, 10):
+        d.on_lines([f"m{j},{j % 90}".encode() for j in range(k, n, step)][:changed])
+        d.emit(d.router.flush())
+        t0 = time.perf_counter()
+        await dur.checkpoint_now()
+        times.append(time.perf_counter() - t0)
+    waiting = dur.store.appended()
+    t0 = time.perf_counter()
+    await asyncio.to_thread(dur._fold)
+    print(f"9 more checkpoints of as many other streams: {min(times):.3f}-{max(times):.3f} s each; then the fold of "
+          f"the {waiting:,} appended states into the rows: {time.perf_counter() - t0:.2f} s (a worker thread)")
     d.shutdown()
 
 

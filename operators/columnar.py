@@ -244,10 +244,10 @@ class ColumnarRelease:
                          "total": float(self.u0[r]), "count": 1, "history": []},
         }
 
-    def snapshot_columns(self, rows: np.ndarray) -> dict[str, list[Any]]:
-        """The fields of :meth:`snapshot` for many rows at once, as lists of Python numbers (one pass per column:
-        a checkpoint of many rows formats them without a dict per row). Keys: ticks, clamped, theta_units,
-        smoother_layers, tree, leaf, pred, pos, leaf_sum, total."""
+    def snapshot_columns(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The fields of :meth:`snapshot` for many rows at once, as arrays of their own (copies: the rows may change
+        afterwards; one pass per column: a checkpoint of many rows formats them without a dict per row, and later).
+        Keys: ticks, clamped, theta_units, smoother_layers, tree, leaf, pred, pos, leaf_sum, total."""
         rows = np.asarray(rows, dtype=np.int64)
         used = self.drawn[rows] - self.avail[rows]
         kept = self.layers_kept[rows].astype(np.int64)
@@ -264,10 +264,9 @@ class ColumnarRelease:
         tree[end] -= 1
         leaf[end] = per_tree[end]
         return {
-            "ticks": self.ticks[rows].tolist(), "clamped": self.clamped[rows].tolist(),
-            "theta_units": self.theta[rows].tolist(), "smoother_layers": kept.tolist(),
-            "tree": tree.tolist(), "leaf": leaf.tolist(), "pred": self.pred[rows].tolist(),
-            "pos": self.pos[rows].tolist(), "leaf_sum": self.leaf_sum[rows].tolist(), "total": self.u0[rows].tolist(),
+            "ticks": self.ticks[rows], "clamped": self.clamped[rows], "theta_units": self.theta[rows],
+            "smoother_layers": kept, "tree": tree, "leaf": leaf, "pred": self.pred[rows], "pos": self.pos[rows],
+            "leaf_sum": self.leaf_sum[rows], "total": self.u0[rows],
         }
 
     def operator(self, r: int) -> ToPS:

@@ -35,9 +35,11 @@ def releases(out: bytes) -> list[dict]:
 
 
 def stored_states(tmp: Path) -> dict[str, bytes]:
+    """Each stream's latest stored state as text: its appended state if it has one, else its row's."""
     db = sqlite3.connect(tmp / "state" / "state.db")
     try:
-        return {n: s for n, s in db.execute("SELECT name, state FROM streams")}
+        return {n: s for n, s in db.execute("SELECT s.name, coalesce(a.state, s.state) FROM streams AS s "
+                                            "LEFT JOIN slices AS a ON a.name = s.name")}
     finally:
         db.close()
 
@@ -113,10 +115,11 @@ def test_a_stored_state_that_cannot_be_restored_refuses_only_that_streams_readin
     vals = {"good": np.arange(80.0) % 70, "bad": np.arange(80.0) % 50}
     r = tops("run", "--config", str(cfg), stdin=lines(vals, 0, 60))
     assert r.returncode == 0, r.stderr.decode()
-    db = sqlite3.connect(tmp_path / "state" / "state.db")
-    state = json.loads(db.execute("SELECT state FROM streams WHERE name = 'bad'").fetchone()[0])
+    state = json.loads(stored_states(tmp_path)["bad"])
     state["operator"]["walk"] = {"tree": "not a number", "leaf": 0}
+    db = sqlite3.connect(tmp_path / "state" / "state.db")
     db.execute("UPDATE streams SET state = ? WHERE name = 'bad'", (json.dumps(state),))
+    db.execute("UPDATE slices SET state = ? WHERE name = 'bad'", (json.dumps(state),))
     db.commit()
     db.close()
     r = tops("run", "--config", str(cfg), stdin=lines(vals, 60, 80))

@@ -249,6 +249,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "checkpoint_interval": Field("float", 30.0, "Seconds between checkpoints.", low=0.05),
         "checkpoint_every": Field("int", 100_000, "Also checkpoint after this many ticks (all streams together).",
                                   low=1),
+        "fold_after": Field("int", 100_000, "A checkpoint appends the changed streams' states at the end of the "
+                            "store; once this many wait, they are folded into the streams' rows (in the checkpoints' "
+                            "worker thread, one transaction; the next checkpoint waits for it).", low=1),
         "fsync_interval": Field("float", 1.0, "Milliseconds accepted readings are gathered before one journal "
                                 "fsync (0: group commit, the next fsync starts as soon as the previous one ends).",
                                 low=0),

@@ -71,6 +71,7 @@ class _Cut:
     t0: float
     admissions: list[tuple[Any, ...]]
     pause: float = 0.0
+    appended: int = 0  # appended states in the store after this checkpoint (Store.fold)
 
 
 def key_check(master: bytes) -> str:
@@ -113,6 +114,7 @@ class Durability:
         self.fsync_batch = int(st.fsync_batch)
         self.checkpoint_interval = float(st.checkpoint_interval)
         self.checkpoint_every = int(st.checkpoint_every)
+        self.fold_after = int(st.fold_after)
         self.new_generation = set(st.new_generation)
         self.params = stream_params(cfg)
         self.master: bytes | None = None
@@ -136,6 +138,7 @@ class Durability:
         self.max_checkpoint_pause = 0.0  # the longest share of a checkpoint spent in the event loop (seconds)
         self.ticks_at_checkpoint = 0
         self.checkpoints = 0
+        self.folds = 0
         self.last_checkpoint_seconds = 0.0
         self.max_checkpoint_seconds = 0.0
         self.synced_readings = 0
@@ -593,6 +596,11 @@ class Durability:
                 self._failed(exc, cut)
                 return
             self._finish(cut)
+            if cut.appended >= self.fold_after:
+                try:
+                    await asyncio.to_thread(self._fold)
+                except (OSError, sqlite3.Error) as exc:  # the appended states stay where they are: nothing is lost
+                    log.error("folding the appended states failed (%s); retrying after the next checkpoint", exc)
 
     def _cut(self) -> _Cut:
         """The checkpoint's event-loop part: everything up to the rotated journal's ``position`` is in what it takes
@@ -637,14 +645,22 @@ class Durability:
         store = self.store
         try:
             store.checkpoint(cut.states, cut.position, cut.outbox, meta=cut.meta, writer=True,
-                             admissions=cut.admissions)
+                             admissions=cut.admissions, in_place=cut.left_holdout)
         except sqlite3.Error:
             with contextlib.suppress(sqlite3.Error):  # a full disk: fold the store's WAL in, truncate it
                 store.purge_freed_pages(writer=True)
             raise
         if cut.left_holdout:  # the holdout histograms are gone from the rows; purge the old page images too
             store.purge_freed_pages(writer=True)  # (it waits for other writers: here, not in the event loop)
+        cut.appended = store.appended(writer=True)
         return cut
+
+    def _fold(self) -> None:
+        """The appended states into the streams' rows (a worker thread's part, under the checkpoint lock)."""
+        t0 = time.perf_counter()
+        n = self.store.fold(writer=True)
+        self.folds += 1
+        log.info("state: %d appended states folded into the streams' rows (%.2f s)", n, time.perf_counter() - t0)
 
     def _finish(self, cut: _Cut) -> None:
         t1 = time.perf_counter()
