@@ -156,3 +156,57 @@ def test_a_store_of_schema_1_is_brought_to_schema_2_with_its_states(tmp_path: Pa
     db.close()
     with pytest.raises(StoreError, match="has schema 3, this tops reads 2"):
         Store.open(p)
+
+
+def test_the_daemon_folds_once_fold_after_states_wait_and_truncates_the_log(tmp_path: Path) -> None:
+    """With ``fold_after`` = 30: the checkpoints append until 30 states wait, then the worker thread folds them into
+    the rows and truncates the write-ahead log (its pages are not left to the next checkpoints' commits); every
+    stream's state is then in its row, and each stream continues from it."""
+    import asyncio
+    import io
+
+    from stream.core.config import build_config
+    from stream.daemon.service import Daemon
+
+    cfg = build_config({
+        "input": {"source": "stdin"}, "output": {"sinks": ["stdout"]},
+        "streams": {"key_file": str(tmp_path / "master.key"), "template": {"epsilon": 1.0, "bound": 100.0,
+                                                                             "holdout": 3}},
+        "metrics": {"port": 0}, "log": {"level": "warning"},
+        "state": {"data_dir": str(tmp_path / "state"), "checkpoint_interval": 3600.0, "fold_after": 30},
+    })
+    out = io.StringIO()
+    d = Daemon(cfg, stdin=io.BytesIO(b""), stdout=out, install_signals=False)
+    d.startup()
+    dur = d.durable
+    assert dur is not None
+    dur.begin_intake()
+    db_path = tmp_path / "state" / "state.db"
+    wal = db_path.with_name("state.db-wal")
+
+    wal_after_fold: list[int] = []
+
+    async def rounds() -> list[int]:
+        waiting = []
+        for r in range(8):  # 10 streams a round: the fourth checkpoint finds 30 waiting
+            d.on_lines([f"s{(10 * r + k) % 50},{(7 * k + r) % 90}".encode() for k in range(10)])
+            d.emit(d.router.flush())
+            folds = dur.folds
+            await dur.checkpoint_now()
+            waiting.append(dur.store.appended())
+            if dur.folds > folds:
+                wal_after_fold.append(wal.stat().st_size)
+        return waiting
+
+    waiting = asyncio.run(rounds())
+    assert dur.folds >= 1 and wal_after_fold == [0] * dur.folds
+    assert 0 in waiting and max(waiting) < 30, waiting
+    d.shutdown()
+    stored = {s["name"]: s["state"] for s in Store.open(db_path, readonly=True).streams()}
+    db = sqlite3.connect(db_path)
+    appended = {n for (n,) in db.execute("SELECT name FROM slices")}
+    db.close()
+    in_rows = {n: json.loads(s) for n, s in rows(db_path).items() if s}
+    assert len(stored) == 50 and len(appended) < 30
+    # a stream without an appended state has its latest state in its row (folded there)
+    assert all(in_rows[n] == st for n, st in stored.items() if n not in appended)
