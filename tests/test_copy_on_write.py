@@ -93,3 +93,31 @@ def test_a_lent_holdout_is_copied_only_when_it_changes_before_the_writer() -> No
     states["b"]()
     router.add(b, 1.0, None, None, 0.0)  # after the writer: nothing left to copy
     router.flush()
+
+
+def test_a_stored_snapshot_is_the_compacted_snapshot_byte_for_byte() -> None:
+    """``ToPS.snapshot(stored=True)`` (what the writer stores, its histogram's cells found by numpy) is the text
+    the general path (``_compact(snapshot())``) makes, at every step of holdouts that stay sparse, turn dense, end
+    and release, at several bounds; and a stored state restores the same stream."""
+    from stream.state.records import _compact, operator_snapshot
+
+    rng = np.random.default_rng(21)
+    checked = dense = 0
+    for bound, spread in ((100, 5), (100, 100), (1000, 1000), (5000, 40)):
+        cfg = ToPSConfig(epsilon=1.0, bound=bound, holdout=60, query_range=256, fanout=4)
+        for s in range(4):
+            op = ToPS(cfg, key_of(f"{bound}-{s}"))
+            vals = rng.integers(0, spread, 80).astype(float)
+            for i, v in enumerate(vals):
+                op.process_one(float(v))
+                want = json.dumps(_compact(op.snapshot()), separators=(",", ":"))
+                got = json.dumps(op.snapshot(stored=True), separators=(",", ":"))
+                assert got == want
+                checked += 1
+                dense += op.theta_units is None and not isinstance(op._hist, dict)
+                if i == 39:  # in the holdout: the stored state continues the stream exactly
+                    mid = json.loads(got)
+            back = ToPS.restore(cfg, key_of(f"{bound}-{s}"), operator_snapshot({"operator": mid}, cfg))
+            alone = ToPS(cfg, key_of(f"{bound}-{s}")).process(vals)
+            assert np.array_equal(back.process(vals[40:]), alone[40:], equal_nan=True)
+    assert checked == 1280 and dense > 100

@@ -29,7 +29,7 @@ def record_state(rec: StreamRecord) -> dict[str, Any]:
     """What a stream record needs to continue exactly (no key, no raw reading; the holdout histogram while in it)."""
     return {
         "version": STATE_VERSION,
-        "operator": _compact(rec.operator.snapshot()),
+        "operator": _stored_snapshot(rec.operator),
         "last_seq": rec.last_seq,
         "ticks": rec.ticks,
         "bins": _bins_state(rec.bins),
@@ -67,7 +67,7 @@ class Lent:
     def __call__(self) -> dict[str, Any]:
         """The record's state at the cut (the writer thread; once)."""
         with self.lock:
-            snap = _compact(self.op.snapshot())  # new lists and dicts: nothing in it is the operator's own
+            snap = _stored_snapshot(self.op)  # new lists and dicts: nothing in it is the operator's own
             self.done, self.op = True, None
         return {"version": STATE_VERSION, "operator": snap, "last_seq": self.last_seq, "ticks": self.ticks,
                 "bins": self.bins}
@@ -156,6 +156,11 @@ def _by_pool(rows: list[StreamRecord], ops: list[RowOperator]) -> list[tuple[Any
         g[1].append(rec)
         g[2].append(op)
     return list(by.values())
+
+
+def _stored_snapshot(op: Any) -> dict[str, Any]:
+    """The operator's snapshot as stored (:func:`_compact`; a ToPS operator makes it so itself, faster)."""
+    return op.snapshot(stored=True) if type(op) is ToPS else _compact(op.snapshot())
 
 
 def _compact(snap: dict[str, Any]) -> dict[str, Any]:
