@@ -116,16 +116,21 @@ def test_retiring_a_stream_takes_its_appended_state_out_of_the_file(tmp_path: Pa
     assert st.admit("gone", PARAMS).generation == 2 and st.admit("gone", PARAMS).state is None
 
 
-def test_a_state_written_in_place_replaces_the_appended_one(tmp_path: Path) -> None:
-    """A stream that left its holdout is written into its row (``in_place``): its appended holdout state goes in the
-    same transaction, and with the write-ahead log purged no byte of it is left."""
+def test_a_stream_that_left_its_holdout_leaves_no_holdout_byte_in_its_row_or_appended(tmp_path: Path) -> None:
+    """A stream that left its holdout (``clear_rows``): its appended holdout state is replaced, and the holdout state
+    a fold put into its row goes in the same transaction; with the write-ahead log purged no byte of either is
+    left. Another stream's row keeps its state."""
     p = tmp_path / "state.db"
     st = Store.open(p)
     st.admit("h", PARAMS)
-    st.checkpoint({"h": {"operator": {"holdout_histogram": [[3, 1]], "secret": "holdout-counts"}}}, 1)
-    st.checkpoint({"h": state(60)}, 2, in_place={"h"})
-    assert st.appended() == 0 and json.loads(rows(p)["h"]) == state(60)
-    assert st.admit("h", PARAMS).state == state(60)
+    st.admit("other", PARAMS)
+    st.checkpoint({"h": {"operator": {"holdout_histogram": [[3, 1]], "secret": "folded-holdout-counts"}},
+                   "other": state(5)}, 1)
+    st.fold()  # the first holdout state now in h's row
+    st.checkpoint({"h": {"operator": {"holdout_histogram": [[3, 2]], "secret": "appended-holdout-counts"}}}, 2)
+    st.checkpoint({"h": state(60)}, 3, clear_rows={"h"})
+    assert rows(p) == {"h": None, "other": json.dumps(state(5), separators=(",", ":"))}
+    assert st.appended() == 1 and st.admit("h", PARAMS).state == state(60)
     st.purge_freed_pages()
     assert b"holdout-counts" not in raw(p)
 

@@ -645,7 +645,7 @@ class Durability:
         store = self.store
         try:
             store.checkpoint(cut.states, cut.position, cut.outbox, meta=cut.meta, writer=True,
-                             admissions=cut.admissions, in_place=cut.left_holdout)
+                             admissions=cut.admissions, clear_rows=cut.left_holdout)
         except sqlite3.Error:
             with contextlib.suppress(sqlite3.Error):  # a full disk: fold the store's WAL in, truncate it
                 store.purge_freed_pages(writer=True)

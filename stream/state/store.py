@@ -394,7 +394,7 @@ class Store:
         *,
         writer: bool = False,
         admissions: list[tuple[Any, ...]] | None = None,
-        in_place: set[str] | frozenset[str] | list[str] = frozenset(),
+        clear_rows: set[str] | frozenset[str] | list[str] = frozenset(),
     ) -> None:
         """Write the states of the given streams (dicts, their JSON text, or functions making either) and the
         journal position they cover, in one transaction.
@@ -403,8 +403,9 @@ class Store:
         written into the stream's row: the rows of a checkpoint go to the table's end, a few pages written in
         order, where updating them in place writes one page per stream wherever it lies (10,000 streams of a
         million: 40 MB of pages to the write-ahead log). :meth:`fold` moves them into the stream rows later.
-        ``in_place``: streams whose state is written into their row (the daemon's streams that left their holdout:
-        the holdout histogram in the row is replaced now, not at the next fold).
+        ``clear_rows``: streams whose row's state (an older one, put there by a fold) goes now, not at the next
+        fold (the daemon's streams that left their holdout: the row may hold a holdout histogram; their appended
+        holdout state is replaced like any other, and ``secure_delete`` overwrites both).
 
         ``outbox``: the messages not yet confirmed by the broker (replaces the stored outbox; None keeps it).
         ``meta``: more ``meta`` values to write in the same transaction. ``writer``: on the checkpoints' own
@@ -413,11 +414,6 @@ class Store:
         """
         now = _now()
         rows = _encoded(states, now, polite=writer)  # before the transaction: it holds the write lock
-        placed: list[tuple[str, str, str]] = []
-        if in_place:
-            keep = set(in_place)
-            placed = [r for r in rows if r[2] in keep]
-            rows = [r for r in rows if r[2] not in keep]
         db = self._writer() if writer else self._db
         with self._transaction(db):
             if admissions:
@@ -428,9 +424,9 @@ class Store:
                     "INSERT INTO outbox (topic, payload, retain, releases) VALUES (?, ?, ?, ?)",
                     [(t, bytes(p), int(r), int(n)) for t, p, r, n in outbox],
                 )
-            if placed:
-                db.executemany("UPDATE streams SET state = ?, updated = ? WHERE name = ?", placed)
-                db.executemany("DELETE FROM slices WHERE name = ?", [(r[2],) for r in placed])
+            if clear_rows:  # a row never folded has no state: looked up, not written
+                db.executemany("UPDATE streams SET state = NULL WHERE name = ? AND state IS NOT NULL",
+                               [(n,) for n in clear_rows])
             db.executemany("INSERT OR REPLACE INTO slices (state, updated, name) VALUES (?, ?, ?)", rows)
             db.execute(
                 "INSERT INTO meta VALUES ('journal_position', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
