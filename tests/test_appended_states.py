@@ -161,6 +161,17 @@ def test_a_store_of_schema_1_is_brought_to_schema_2_with_its_states(tmp_path: Pa
     db.close()
     with pytest.raises(StoreError, match="has schema 3, this tops reads 2"):
         Store.open(p)
+    q = tmp_path / "empty.db"  # an empty store of schema 1 from before the store identity: given one, and brought to 2
+    Store.open(q).close()
+    db = sqlite3.connect(q)
+    db.execute("DROP TABLE slices")
+    db.execute("DELETE FROM meta WHERE key = 'identity'")
+    db.execute("UPDATE meta SET value = '1' WHERE key = 'schema'")
+    db.commit()
+    db.close()
+    st = Store.open(q)
+    assert st.meta("schema") == "2" and st.identity
+    st.close()
 
 
 def test_the_daemon_folds_once_fold_after_states_wait_and_truncates_the_log(tmp_path: Path) -> None:

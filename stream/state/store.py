@@ -213,7 +213,7 @@ class Store:
                                f"and start with a new [state] data_dir)")
                         raise StoreError(msg)
                     conn.execute("INSERT INTO meta VALUES ('identity', ?)", (new_identity(),))
-                elif row[0] == "1":  # schema 1 had no appended states: the table is made above, nothing else moves
+                if row is not None and row[0] == "1":  # schema 1 had no appended states: the table is made above
                     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
             sliced = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'slices'").fetchone()
@@ -221,7 +221,8 @@ class Store:
             msg = f"state store {p} is not a readable tops store ({exc}); refusing to start"
             raise StoreError(msg) from None
         # an older tops refuses schema 2 (it would not see the appended states and would continue from older ones)
-        if row is None or row[0] not in (str(SCHEMA_VERSION), "1" if readonly else str(SCHEMA_VERSION)):
+        readable = {str(SCHEMA_VERSION), "1"} if readonly else {str(SCHEMA_VERSION)}  # read-only: read as it is
+        if row is None or row[0] not in readable:
             msg = f"state store {p} has schema {row[0] if row else 'none'}, this tops reads {SCHEMA_VERSION}"
             raise StoreError(msg)
         st = cls(p, conn)
