@@ -13,6 +13,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from operators._chacha_kernel import keystream
+
 _CHUNK = 8
 _MAX_V = 1 << 20
 
@@ -147,3 +149,18 @@ def sample(words, per, m, s, q, r, out, ovf):
             out[i] = -y if sign == 1 else y
             break
     return True
+
+
+@numba.njit(cache=True, nogil=True)
+def sample_one(key_words, block, n0, n1, n2, m, s, q, r):
+    """Sample ``block`` of an address's discrete Laplace draws (its own 64-byte block of the keystream of key
+    ``key_words`` and nonce ``n0 n1 n2``), keystream and sampler in one call: ``(value, True)``, or ``(0, False)``
+    when its 512 bits ran out (or the value left the int64 range) and the general path must draw it. A holdout's
+    choice and a stream's first draws make such single draws: one call instead of three (about 10 us less)."""
+    padded = np.zeros(9, dtype=np.uint64)  # the block, then one zero word, as operators.noise._Bits pads
+    padded[:8] = keystream(key_words, block, n0, n1, n2, 1)
+    out = np.zeros(1, dtype=np.int64)
+    ovf = np.zeros(1, dtype=np.bool_)
+    if sample(padded, 8, m, s, q, r, out, ovf) and not ovf[0]:
+        return out[0], True
+    return 0, False

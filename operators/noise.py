@@ -363,7 +363,7 @@ def _sample(bits: _Bits, n: int, dl: DiscreteLaplace) -> np.ndarray:
 # forces one of them (tests compare both).
 _COMPILE_AFTER = 32
 _COMPILE_AT_ONCE = 1 << 16  # one draw this large pays for loading the compiled kernel
-_kernel_state: dict[str, object] = {"calls": 0, "sample": None, "chacha": None}
+_kernel_state: dict[str, object] = {"calls": 0, "sample": None, "chacha": None, "one": None}
 
 
 def _kernel(n: int = 0):
@@ -377,9 +377,9 @@ def _kernel(n: int = 0):
         st["calls"] = int(st["calls"]) + 1
         if forced == "numba" or int(st["calls"]) > _COMPILE_AFTER or n >= _COMPILE_AT_ONCE:
             from operators._chacha_kernel import keystream
-            from operators._dlap_kernel import sample
+            from operators._dlap_kernel import sample, sample_one
 
-            st["sample"], st["chacha"] = sample, keystream
+            st["sample"], st["chacha"], st["one"] = sample, keystream, sample_one
     return st["sample"]
 
 
@@ -504,14 +504,17 @@ class KeyedGenerator:
         block of the keystream goes straight to the compiled sampler, without the general path's set-up for many
         samples (a single draw, as the holdout's choice makes, in a few microseconds); a sample that needs more than
         its 512 bits goes on through the general path."""
-        sample = _kernel_state["sample"]
-        if sample is not None and isinstance(noise, DiscreteLaplace) and 0 <= index < _MAX_BLOCKS:
-            padded = np.zeros(_BUDGET_WORDS + 1, dtype=np.uint64)  # one zero word after it, as _Bits pads
-            padded[:_BUDGET_WORDS] = self.words(domain, address, _BUDGET_WORDS * index, _BUDGET_WORDS)
-            out = np.zeros(1, dtype=np.int64)
-            ovf = np.zeros(1, dtype=bool)
-            if sample(padded, _BUDGET_WORDS, noise.log2_t, noise.s, noise.q, noise.r, out, ovf) and not ovf[0]:  # type: ignore[operator]
-                return int(out[0])
+        one = _kernel_state["one"]
+        if (one is not None and isinstance(noise, DiscreteLaplace) and 0 <= index < _MAX_BLOCKS
+                and 0 <= domain < _OVERFLOW_DOMAIN and 0 <= address < 1 << 64):
+            kw = self._key_words
+            if kw is None:
+                kw = self._key_words = np.frombuffer(self._key, dtype="<u4").astype(np.uint64)
+            # sample i owns words [8 i, 8 i + 8): keystream block i (_BUDGET_WORDS = one block)
+            value, ok = one(kw, int(index), int(domain), int(address) & 0xFFFFFFFF, int(address) >> 32,  # type: ignore[operator]
+                            noise.log2_t, noise.s, noise.q, noise.r)
+            if ok:
+                return int(value)
         return int(self.discrete_laplace(domain, address, index, 1, noise)[0])
 
     def _overflow_samples(

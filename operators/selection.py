@@ -83,6 +83,7 @@ from operators.threshold import m_theta, report_noisy_max, smoother_layers
 __all__ = [
     "BUDGET_SPLIT",
     "BlockStats",
+    "Cells",
     "Selection",
     "choose",
     "noise_constant",
@@ -319,6 +320,21 @@ class BlockStats:
 
 
 @dataclass(frozen=True)
+class Cells:
+    """A holdout histogram by its occupied bins: ``count[j]`` values in bin ``index[j]`` (sorted, distinct), none in
+    the others of its ``size`` bins (a small holdout's histogram as ``operators.tops`` keeps it)."""
+
+    index: np.ndarray
+    count: np.ndarray
+    size: int
+
+    def dense(self) -> np.ndarray:
+        out = np.zeros(self.size, dtype=np.int64)
+        out[self.index] = self.count
+        return out
+
+
+@dataclass(frozen=True)
 class Selection:
     """What the calibrated choice decided (quantized units), and whether Eq. 6 chose theta (small budgets)."""
 
@@ -335,8 +351,13 @@ def _dlap(gen: KeyedGenerator, address: int, index: int, epsilon: float, sensiti
     sens = max(1, math.ceil(sensitivity))
     if sens / epsilon > 2.0**36:
         return None
-    noise = DiscreteLaplace(epsilon=min(epsilon, sens * 1024.0), sensitivity=sens)
-    return gen.discrete_laplace_one(Domain.THRESHOLD, address, index, noise)
+    return gen.discrete_laplace_one(Domain.THRESHOLD, address, index, _laplace(min(epsilon, sens * 1024.0), sens))
+
+
+@lru_cache(maxsize=4096)
+def _laplace(epsilon: float, sensitivity: int) -> DiscreteLaplace:
+    """One shared (never modified) DiscreteLaplace per scale: the choice of every stream asks for a few."""
+    return DiscreteLaplace(epsilon=epsilon, sensitivity=sensitivity)
 
 
 class _Grids:
@@ -406,17 +427,23 @@ def _best_model(thetas: np.ndarray, s_options: list[int], G: dict[int, float], s
 
 
 def _counts_kernel():
-    """The compiled :func:`operators._selection_kernel.counts_noisy_max` once the process loaded the compiled noise
-    kernels (it draws often: a daemon), else None (numpy: the same index)."""
+    """The compiled :func:`operators._selection_kernel.counts_noisy_max` and ``cells_noisy_max`` once the process
+    loaded the compiled noise kernels (it draws often: a daemon), else None (numpy: the same index)."""
     if not compiled_loaded():
         return None
-    from operators._selection_kernel import counts_noisy_max
+    got = _KERNELS.get("counts")
+    if got is None:
+        from operators._selection_kernel import cells_noisy_max, counts_noisy_max
 
-    return counts_noisy_max
+        got = _KERNELS["counts"] = (counts_noisy_max, cells_noisy_max)
+    return got
+
+
+_KERNELS: dict[str, tuple] = {}
 
 
 def choose(
-    hist: np.ndarray,
+    hist: np.ndarray | Cells,
     candidates: np.ndarray,
     blocks: BlockStats,
     *,
@@ -430,16 +457,17 @@ def choose(
 ) -> Selection:
     """The calibrated (theta, s, start) from the holdout histogram and block statistics; ``threshold_epsilon``-DP.
 
-    ``hist`` has ``len(candidates) + 1`` bins (``operators.threshold.holdout_histogram``); a value in bin k is taken
-    as ``candidates[k]`` (exact while the grid holds every integer; on the geometric part of a huge grid, its upper
-    edge).
+    ``hist`` has ``len(candidates) + 1`` bins (``operators.threshold.holdout_histogram``), or is given by its
+    occupied bins (:class:`Cells`: the same choice, bit for bit; the small-holdout branch then never makes the dense
+    histogram); a value in bin k is taken as ``candidates[k]`` (exact while the grid holds every integer; on the
+    geometric part of a huge grid, its upper edge).
     """
     m = holdout
     h = tree_height(query_range, fanout)
     n_cand = len(candidates)
     grid = _grids(candidates)
     values = grid.values
-    hist = np.asarray(hist, dtype=np.float64)
+    cells = hist if isinstance(hist, Cells) else None
     s_options = [fixed_s] if fixed_s is not None else list(range(h))
     G = _noise_constants(fanout, query_range)
     moment = range_length_moment(query_range)
@@ -451,6 +479,11 @@ def choose(
     eps_q = share_q * threshold_epsilon
     eps_t = (BUDGET_SPLIT["threshold"] - (share_q - BUDGET_SPLIT["quantile"])) * threshold_epsilon
     rank_error = 4.0 * math.log(max(geo.size, 2)) / eps_q  # of the exponential mechanism at eps_q / 2
+    kernels = _counts_kernel() if fallback else None
+    if cells is not None and (kernels is None or int(cells.count.sum()) * float(values[-1]) >= 2.0**53):
+        hist, cells = cells.dense(), None  # the sums below are exact integers either way while under 2^53
+    if cells is None:
+        hist = np.asarray(hist, dtype=np.float64)
     top_k = 2.0 * rank_error
     if not fallback:  # 1. the value with top_k holdout values above it (as high as this budget can see)
         counts_above = m_theta(hist.astype(np.int64))  # Eq. 5
@@ -478,16 +511,17 @@ def choose(
         s_pre = min(s_options, key=lambda s: G[s])
         base = grid.noise_term(m * m * G[s_pre], epsilon**2, moment)  # public: once per configuration
         words = gen.words(int(Domain.THRESHOLD), 4, 0, n_cand)
-        kernel = _counts_kernel()
-        if kernel is not None:  # the same index, with far fewer logarithms (operators/_selection_kernel.py)
-            k = kernel(hist.astype(np.int64), base, words, eps_t)
+        if cells is not None:  # the same index from the occupied cells (base grows with theta: monotone)
+            k = kernels[1](cells.index, cells.count, base, words, eps_t)
+        elif kernels is not None:  # the same index, with far fewer logarithms (operators/_selection_kernel.py)
+            k = kernels[0](hist.astype(np.int64), base, words, eps_t)
         else:
             util = -np.sqrt(base + m_theta(hist.astype(np.int64)).astype(np.float64) ** 2)
             k = report_noisy_max(util, _words_to_uniform(words), eps_t)
         q = int(candidates[k])
         scale_ref = q
     # 2. smoothing error per measurable s
-    cap_k = int(np.searchsorted(blocks.caps, max(scale_ref, 1), side="right")) - 1
+    cap_k = int(max(scale_ref, 1)).bit_length() - 1  # the largest cap 2^k <= scale_ref (caps: 2^0 .. 2^top)
     cap_k = max(0, min(cap_k, len(blocks.caps) - 1))
     cap = float(blocks.caps[cap_k])
     sm = {0: 0.0}
@@ -536,7 +570,11 @@ def choose(
         theta = q
     s = min(s_options, key=lambda s: model(theta, s))  # 4. post-processing
     # 5. the smoother's start
-    total = float(np.dot(hist, np.minimum(values, theta)))
+    if cells is None:
+        total = float(np.dot(hist, np.minimum(values, theta)))
+    else:  # the same sum of integers (exact: under 2^53)
+        total = float(sum(n * min(int(values[c]), theta) for c, n in zip(cells.index.tolist(), cells.count.tolist(),
+                                                                             strict=True)))
     noise = _dlap(gen, 3, 0, eps_s, theta)
     start = theta / 2.0 if noise is None else min(max((round(total) + noise) / m, 0.0), float(theta))
     return Selection(theta, s, start, fallback)

@@ -36,6 +36,7 @@ __all__ = [
     "candidate_grid",
     "eq7_error",
     "holdout_histogram",
+    "integer_run",
     "m_theta",
     "report_noisy_max",
     "scores",
@@ -70,6 +71,24 @@ def _candidate_grid(bound: float, resolution: float) -> np.ndarray:
     n_geo = math.ceil(math.log(top / dense[-1]) / math.log(_GEOMETRIC_STEP)) + 1
     geo = np.unique(np.round(np.geomspace(dense[-1], top, n_geo)).astype(np.int64))
     return np.unique(np.concatenate([dense, geo, [top]]))
+
+
+_RUNS: dict[int, tuple[np.ndarray, int, int]] = {}
+
+
+def integer_run(candidates: np.ndarray) -> tuple[int, int]:
+    """``(low, top)``: the grid's first candidate and the last of its integer run (``candidates[k] = low + k`` up to
+    ``top``), so that a holdout reading's bin (``np.searchsorted(candidates, v)``) there is ``v - low`` (``0`` at or
+    below ``low``). Once per grid (kept while the grid lives: the grids are cached)."""
+    got = _RUNS.get(id(candidates))
+    if got is None or got[0] is not candidates:
+        low = int(candidates[0])
+        run = int(np.count_nonzero(candidates[: _ALL_INTEGERS_UP_TO] == np.arange(low, low + min(
+            _ALL_INTEGERS_UP_TO, candidates.size))))
+        got = (candidates, low, low + run - 1)
+        if len(_RUNS) < 64:
+            _RUNS[id(candidates)] = got
+    return got[1], got[2]
 
 
 def holdout_histogram(

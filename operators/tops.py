@@ -34,11 +34,12 @@ import numpy as np
 from operators.config import ToPSConfig
 from operators.hierarchy import ConsistentNoise
 from operators.noise import DiscreteLaplace, Domain, KeyedGenerator
-from operators.selection import BlockStats, choose
+from operators.selection import BlockStats, Cells, choose
 from operators.smoother import SmootherState, release_ticks
 from operators.threshold import (
     candidate_grid,
     holdout_histogram,
+    integer_run,
     m_theta,
     report_noisy_max,
     scores,
@@ -150,8 +151,12 @@ class ToPS:
             self._start_release(self._choose_threshold())
             return
         self._flush()
+        hist = self._hist
+        if isinstance(hist, dict):  # a small holdout's occupied cells, as they are (no dense histogram)
+            index = np.array(sorted(hist), dtype=np.int64)
+            hist = Cells(index, np.array([hist[c] for c in index.tolist()], dtype=np.int64), len(self._candidates) + 1)
         sel = choose(
-            self._dense_hist(),
+            hist,
             self._candidates,
             self._blocks,
             gen=self._gen,
@@ -254,7 +259,13 @@ class ToPS:
                 self.clamped += 1
                 v = 0.0
             units = min(round(v / cfg.resolution), self._bound_units)
-            cell = int(np.searchsorted(self._candidates, units, side="left"))
+            low, dense_top = integer_run(self._candidates)
+            if units <= low:
+                cell = 0
+            elif units <= dense_top:  # the grid's integer run: candidates[k] = low + k
+                cell = units - low
+            else:
+                cell = int(np.searchsorted(self._candidates, units, side="left"))
             hist = self._hist
             if isinstance(hist, dict):
                 hist[cell] = hist.get(cell, 0) + 1

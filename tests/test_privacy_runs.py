@@ -140,8 +140,10 @@ def test_the_stream_key_derivation_is_rfc_5869_hkdf_sha256() -> None:
         salt, ikm, info = os.urandom(int.from_bytes(os.urandom(1)) % 40), os.urandom(32), os.urandom(os.urandom(1)[0])
         want = HKDF(algorithm=hashes.SHA256(), length=32, salt=salt or None, info=info).derive(ikm)
         assert hkdf_sha256_32(salt, ikm, info) == want
-    master, identity = os.urandom(32), os.urandom(16).hex()
+    identity = os.urandom(16).hex()
+    masters = [os.urandom(32) for _ in range(6)]  # more than the Extract cache keeps, used in turn (never mixed)
     for name in ["meter-1", "ü/ß", "x" * 200, ""]:
-        info = f"{identity}:3:".encode() + name.encode("utf-8")
-        want = HKDF(algorithm=hashes.SHA256(), length=32, salt=_SALT, info=info).derive(master)
-        assert derive_stream_key(master, name, identity=identity, generation=3) == want
+        for master in masters:
+            info = f"{identity}:3:".encode() + name.encode("utf-8")
+            want = HKDF(algorithm=hashes.SHA256(), length=32, salt=_SALT, info=info).derive(master)
+            assert derive_stream_key(master, name, identity=identity, generation=3) == want

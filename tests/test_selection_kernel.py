@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from operators._selection_kernel import counts_noisy_max, noisy_argmax
+from operators._selection_kernel import cells_noisy_max, counts_noisy_max, noisy_argmax
 from operators.noise import _words_to_uniform
 from operators.selection import _grids, noise_constant, range_length_moment
 from operators.threshold import candidate_grid, holdout_histogram, m_theta, report_noisy_max
@@ -100,3 +100,37 @@ def test_streams_release_the_same_with_either_kernel(tmp_path) -> None:
         assert r.returncode == 0, r.stderr[-2000:]
         runs[kind] = np.load(out)
     assert runs["numpy"].size > 20_000 and np.array_equal(runs["numpy"], runs["numba"])
+
+
+@pytest.mark.parametrize("bound", [100.0, 5000.0, 1e6])
+def test_the_occupied_cells_give_the_dense_index(bound: float) -> None:
+    """``cells_noisy_max`` (a small holdout's histogram by its occupied cells, as ToPS keeps it) picks what the dense
+    kernel and numpy pick: holdouts of 1 to 130 values, cells at the grid's two ends and side by side, uniforms with
+    the smallest one anywhere (in a run, at its ends), many budgets."""
+    rng = np.random.default_rng(int(bound) + 1)
+    cands = candidate_grid(bound, 1.0)
+    grid = _grids(cands)
+    moment = range_length_moment(1 << 20)
+    n = cands.size
+    for trial in range(1500):
+        m = int(rng.integers(1, 130))
+        eps = float(10 ** rng.uniform(-1.5, 1.5))
+        kind = trial % 5
+        if kind == 0:  # values at the grid's ends (bin 0: at or below the first candidate; bin n: above every one)
+            units = rng.choice(np.array([0, 1, int(cands[-1]), int(cands[-1]) + 1, int(cands[1])]), m)
+        elif kind == 1:  # a few neighbouring cells
+            units = int(rng.integers(0, n)) + rng.integers(0, 3, m)
+        else:
+            units = np.minimum(rng.gamma(1.0, 10 ** rng.uniform(0, np.log10(bound)), m).round(), bound + 1)
+        hist = holdout_histogram(np.asarray(units, dtype=np.int64), cands)
+        index = np.flatnonzero(hist).astype(np.int64)
+        base = grid.noise_term(m * m * noise_constant(16, 1 << 20, int(rng.integers(0, 5))), eps**2, moment)
+        assert np.all(np.diff(base) >= 0)  # what the kernel relies on
+        words = rng.integers(0, 2**64, n, dtype=np.uint64)
+        if trial % 3 == 0:  # the largest noise at a run's start or end, or in bin 0's run
+            at = int(rng.choice(np.concatenate([index, index - 1, [0, n - 1]]).clip(0, n - 1)))
+            words[at] = np.uint64(int(rng.integers(0, 1 << 20)))
+        util = -np.sqrt(base + m_theta(hist).astype(np.float64) ** 2)
+        want = _numpy_pick(util, words, eps)
+        assert counts_noisy_max(hist, base, words, eps) == want, trial
+        assert cells_noisy_max(index, hist[index], base, words, eps) == want, trial

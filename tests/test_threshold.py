@@ -12,6 +12,7 @@ from operators.threshold import (
     candidate_grid,
     eq7_error,
     holdout_histogram,
+    integer_run,
     m_theta,
     report_noisy_max,
     scores,
@@ -88,3 +89,26 @@ def test_eq7_rounded_continuous_not_integer_argmin() -> None:
     f_int = [float(eq7_error(s, epsilon=0.05, theta=1.0, query_range=2**20, fanout=16)) for s in range(5)]
     assert int(np.argmin(f_int)) == 2
     assert smoother_layers(0.05, 2**20, 16) == 3
+
+
+@pytest.mark.parametrize(("bound", "resolution"), [(5000.0, 1.0), (100.0, 1.0), (1e6, 1.0), (50.0, 0.1), (0.5, 0.25),
+                                                    (7.0, 3.0)])
+def test_a_readings_bin_by_the_integer_run_is_searchsorteds(bound: float, resolution: float) -> None:
+    """``ToPS.process_one`` finds a holdout reading's bin as ``v - low`` on the grid's integer run (no search): the
+    bin ``np.searchsorted`` gives for every value from below the grid to past its end, and a holdout fed one
+    reading at a time keeps the histogram of the same readings fed at once, across the run's end (B = 5,000)."""
+    cands = candidate_grid(bound, resolution)
+    low, top = integer_run(cands)
+    assert np.array_equal(cands[: top - low + 1], np.arange(low, top + 1))
+    assert top - low + 1 == cands.size or cands[top - low + 1] != top + 1
+    for v in range(-3, min(int(cands[-1]) + 4, 20_000)):
+        cell = 0 if v <= low else v - low if v <= top else int(np.searchsorted(cands, v, side="left"))
+        assert cell == int(np.searchsorted(cands, v, side="left")), v
+    if bound == 5000.0:
+        x = np.random.default_rng(3).choice(np.array([0.0, 1.0, 2.0, 4095.0, 4096.0, 4097.0, 4200.0, 5000.0]), 200)
+        cfg = ToPSConfig(epsilon=1.0, bound=bound, holdout=400)
+        one, whole = ToPS(cfg, bytes(32)), ToPS(cfg, bytes(32))
+        for v in x:
+            one.process_one(float(v))
+        whole.process(x)
+        assert one.snapshot() == whole.snapshot()

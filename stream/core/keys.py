@@ -78,7 +78,15 @@ def derive_stream_key(master: bytes, stream: str, *, identity: str, generation: 
         msg = "the master key is 32 bytes"
         raise ValueError(msg)
     info = f"{check_identity(identity)}:{int(generation)}:".encode() + stream.encode("utf-8")
-    return hkdf_sha256_32(_SALT, master, info)
+    prk = _PRK.get(master)
+    if prk is None:  # HKDF's Extract is the same for every stream of a master key: once (a key for each new stream)
+        prk = hmac.digest(_SALT, master, "sha256")
+        if len(_PRK) < 4:
+            _PRK[master] = prk
+    return hmac.digest(prk, info + b"\x01", "sha256")
+
+
+_PRK: dict[bytes, bytes] = {}  # master key -> HKDF-Extract(_SALT, master): kept only in this process's memory
 
 
 def hkdf_sha256_32(salt: bytes, ikm: bytes, info: bytes) -> bytes:

@@ -544,10 +544,11 @@ class Daemon:
         stdout, pubq = self.stdout, self.pubq if self.mqtt_out else None
         retain, as_array = self.cfg.output.retain, self.cfg.output.batch
         topic_of = self.output_topic
+        out: list[str] = []  # every batch's lines, one write (a write per stream cost 22 us a new stream)
         for b in batches:
             lines = encode_releases(b, eps)
             if stdout is not None:
-                self.stdout_written += stdout.write(lines)
+                out += lines
             if pubq is not None:
                 topic = topic_of(b.record.name)
                 if as_array:
@@ -556,6 +557,7 @@ class Daemon:
                     for line in lines:
                         pubq.put(topic, line.encode(), retain, 1)
         if stdout is not None and batches:
+            self.stdout_written += stdout.write(out)
             stdout.flush()
         if self.router.status_now:
             note = self.phase_log.note
