@@ -15,6 +15,7 @@ operators.config.ConfigError: epsilon must be a positive number (got 0)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -38,8 +39,9 @@ class ConfigError(ValueError):
     """A parameter is outside its allowed values; the message names it and what is allowed."""
 
 
+@functools.lru_cache(maxsize=256)
 def tree_height(query_range: int, fanout: int) -> int:
-    """``h = ceil(log_b r)``, computed exactly on integers."""
+    """``h = ceil(log_b r)``, computed exactly on integers (once per pair: every new stream asks)."""
     h, span = 0, 1
     while span < query_range:
         span *= fanout

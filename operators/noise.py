@@ -58,6 +58,7 @@ True
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import os
 from fractions import Fraction
@@ -339,6 +340,13 @@ def _geometric_slow(bits: _Bits, idx: np.ndarray, dl: DiscreteLaplace) -> np.nda
             msg = "discrete Laplace sample beyond the int64 range"
             raise OverflowError(msg)
     return y
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def shared_laplace(epsilon: float, sensitivity: float) -> DiscreteLaplace:
+    """``DiscreteLaplace(epsilon, sensitivity)``, one shared instance per pair (never modified): a stream's end of
+    holdout asks for a few (typed: ``True`` and ``1`` are different keys, and a refused pair raises, uncached)."""
+    return DiscreteLaplace(epsilon=epsilon, sensitivity=sensitivity)
 
 
 def _sample(bits: _Bits, n: int, dl: DiscreteLaplace) -> np.ndarray:

@@ -77,7 +77,7 @@ import numpy as np
 
 from operators.config import tree_height
 from operators.hierarchy import layer_weight
-from operators.noise import DiscreteLaplace, Domain, KeyedGenerator, _words_to_uniform, compiled_loaded
+from operators.noise import Domain, KeyedGenerator, _words_to_uniform, compiled_loaded, shared_laplace
 from operators.threshold import m_theta, report_noisy_max, smoother_layers
 
 __all__ = [
@@ -327,6 +327,14 @@ class Cells:
     index: np.ndarray
     count: np.ndarray
     size: int
+    total: int  # the values in all (the holdout's readings)
+
+    @classmethod
+    def of(cls, hist: dict[int, int], size: int) -> Cells:
+        """The cells of a sparse histogram kept as ``{bin: count}``."""
+        index = sorted(hist)
+        counts = [hist[c] for c in index]
+        return cls(np.array(index, dtype=np.int64), np.array(counts, dtype=np.int64), size, sum(counts))
 
     def dense(self) -> np.ndarray:
         out = np.zeros(self.size, dtype=np.int64)
@@ -351,13 +359,7 @@ def _dlap(gen: KeyedGenerator, address: int, index: int, epsilon: float, sensiti
     sens = max(1, math.ceil(sensitivity))
     if sens / epsilon > 2.0**36:
         return None
-    return gen.discrete_laplace_one(Domain.THRESHOLD, address, index, _laplace(min(epsilon, sens * 1024.0), sens))
-
-
-@lru_cache(maxsize=4096)
-def _laplace(epsilon: float, sensitivity: int) -> DiscreteLaplace:
-    """One shared (never modified) DiscreteLaplace per scale: the choice of every stream asks for a few."""
-    return DiscreteLaplace(epsilon=epsilon, sensitivity=sensitivity)
+    return gen.discrete_laplace_one(Domain.THRESHOLD, address, index, shared_laplace(min(epsilon, sens * 1024.0), sens))
 
 
 class _Grids:
@@ -480,7 +482,7 @@ def choose(
     eps_t = (BUDGET_SPLIT["threshold"] - (share_q - BUDGET_SPLIT["quantile"])) * threshold_epsilon
     rank_error = 4.0 * math.log(max(geo.size, 2)) / eps_q  # of the exponential mechanism at eps_q / 2
     kernels = _counts_kernel() if fallback else None
-    if cells is not None and (kernels is None or int(cells.count.sum()) * float(values[-1]) >= 2.0**53):
+    if cells is not None and (kernels is None or cells.total * float(values[-1]) >= 2.0**53):
         hist, cells = cells.dense(), None  # the sums below are exact integers either way while under 2^53
     if cells is None:
         hist = np.asarray(hist, dtype=np.float64)

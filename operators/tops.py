@@ -33,7 +33,7 @@ import numpy as np
 
 from operators.config import ToPSConfig
 from operators.hierarchy import ConsistentNoise
-from operators.noise import DiscreteLaplace, Domain, KeyedGenerator
+from operators.noise import Domain, KeyedGenerator, shared_laplace
 from operators.selection import BlockStats, Cells, choose
 from operators.smoother import SmootherState, release_ticks
 from operators.threshold import (
@@ -153,8 +153,7 @@ class ToPS:
         self._flush()
         hist = self._hist
         if isinstance(hist, dict):  # a small holdout's occupied cells, as they are (no dense histogram)
-            index = np.array(sorted(hist), dtype=np.int64)
-            hist = Cells(index, np.array([hist[c] for c in index.tolist()], dtype=np.int64), len(self._candidates) + 1)
+            hist = Cells.of(hist, len(self._candidates) + 1)
         sel = choose(
             hist,
             self._candidates,
@@ -194,7 +193,7 @@ class ToPS:
             s = min(smoother_layers(cfg.epsilon, cfg.query_range, cfg.fanout), cfg.height - 1)
         self.smoother_layers = s
         layers = cfg.height - s
-        noise = DiscreteLaplace(epsilon=cfg.epsilon / layers, sensitivity=theta_units)
+        noise = shared_laplace(cfg.epsilon / layers, theta_units)
         self._noise = ConsistentNoise(
             self._gen,
             fanout=cfg.fanout,

@@ -205,3 +205,11 @@ def test_a_cached_scale_never_lets_a_bool_or_bad_number_through() -> None:
     for eps, sens in [(True, 1), (1.0, True), (1.0, math.nan), (math.inf, 1), (-1.0, 1), (1.0, 0)]:
         with pytest.raises(ValueError, match="positive finite"):
             DiscreteLaplace(epsilon=eps, sensitivity=sens)
+    # the shared instances the holdout's end asks for: the same refusals after an equal valid pair was cached
+    from operators.noise import shared_laplace
+
+    assert shared_laplace(1.0, 1) is shared_laplace(1.0, 1)
+    assert shared_laplace(1, 1.0).scale_fraction == DiscreteLaplace(1.0, 1).scale_fraction
+    for eps, sens in [(True, 1), (1.0, True), (1.0, math.nan), (math.inf, 1), (-1.0, 1), (1.0, 0)]:
+        with pytest.raises(ValueError, match="positive finite"):
+            shared_laplace(eps, sens)
