@@ -147,3 +147,4 @@ def test_the_stream_key_derivation_is_rfc_5869_hkdf_sha256() -> None:
             info = f"{identity}:3:".encode() + name.encode("utf-8")
             want = HKDF(algorithm=hashes.SHA256(), length=32, salt=_SALT, info=info).derive(master)
             assert derive_stream_key(master, name, identity=identity, generation=3) == want
+            assert derive_stream_key(bytearray(master), name, identity=identity, generation=3) == want

@@ -78,6 +78,7 @@ def derive_stream_key(master: bytes, stream: str, *, identity: str, generation: 
         msg = "the master key is 32 bytes"
         raise ValueError(msg)
     info = f"{check_identity(identity)}:{int(generation)}:".encode() + stream.encode("utf-8")
+    master = bytes(master)  # a bytearray too (the cache below needs a hashable key)
     prk = _PRK.get(master)
     if prk is None:  # HKDF's Extract is the same for every stream of a master key: once (a key for each new stream)
         prk = hmac.digest(_SALT, master, "sha256")
