@@ -81,10 +81,10 @@ def derive_stream_key(master: bytes, stream: str, *, identity: str, generation: 
     master = bytes(master)  # a bytearray too (the cache below needs a hashable key)
     prk = _PRK.get(master)
     if prk is None:  # HKDF's Extract is the same for every stream of a master key: once (a key for each new stream)
-        prk = hmac.digest(_SALT, master, "sha256")
+        prk = hkdf_extract(_SALT, master)
         if len(_PRK) < 4:
             _PRK[master] = prk
-    return hmac.digest(prk, info + b"\x01", "sha256")
+    return hkdf_expand_32(prk, info)
 
 
 _PRK: dict[bytes, bytes] = {}  # master key -> HKDF-Extract(_SALT, master): kept only in this process's memory
@@ -96,7 +96,16 @@ def hkdf_sha256_32(salt: bytes, ikm: bytes, info: bytes) -> bytes:
     RFC 5869's vector and on random inputs against it), as two calls into the standard library's HMAC: a daemon derives
     a key for every new stream and every stream restored after a restart (a million of them), where building
     ``cryptography``'s objects cost more than the hashing."""
-    prk = hmac.digest(salt, ikm, "sha256")
+    return hkdf_expand_32(hkdf_extract(salt, ikm), info)
+
+
+def hkdf_extract(salt: bytes, ikm: bytes) -> bytes:
+    """HKDF-Extract (RFC 5869, 2.2): ``PRK = HMAC-SHA256(salt, ikm)``."""
+    return hmac.digest(salt, ikm, "sha256")
+
+
+def hkdf_expand_32(prk: bytes, info: bytes) -> bytes:
+    """HKDF-Expand (RFC 5869, 2.3) of one 32-byte block: ``T(1) = HMAC-SHA256(PRK, info || 0x01)``."""
     return hmac.digest(prk, info + b"\x01", "sha256")
 
 
