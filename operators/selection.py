@@ -207,35 +207,57 @@ def _caps(top: int) -> np.ndarray:
 
 
 @functools.cache
-def _no_blocks(n_caps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _no_blocks(n_caps: int) -> tuple[np.ndarray, np.ndarray]:
     """Empty, read-only block statistics (no width fits the holdout), shared."""
-    out = (np.zeros((0, n_caps), dtype=np.int64), np.full((0, n_caps), -1, dtype=np.int64),
-           np.zeros((0, n_caps), dtype=np.float64), np.zeros(0, dtype=np.int64))
+    out = (np.zeros((3, 0, n_caps), dtype=np.int64), np.zeros(0, dtype=np.int64))
     for a in out:
         a.flags.writeable = False
     return out
 
 
+@functools.cache
+def _widths(fanout: int, holdout: int, query_range: int) -> tuple[int, ...]:
+    """The leaf widths ``b^s`` (s >= 1) whose leaf fits at least twice in the holdout (one tuple per configuration)."""
+    h = tree_height(query_range, fanout)
+    return tuple(fanout**s for s in range(1, h) if 2 * fanout**s <= holdout)
+
+
 class BlockStats:
     """Sufficient statistics of the holdout for ``E|dS_w|``: per leaf width and per cap ``2^k``, the partial sum
-    of the current block, the previous block's sum and the sum of absolute differences (O(widths * caps) numbers)."""
+    of the current block, the previous block's sum and the sum of absolute differences (O(widths * caps) numbers).
 
-    __slots__ = ("acc", "caps", "pairs", "partial", "pos", "prev", "widths")
+    The three tables live in one int64 buffer (``partial``, ``prev`` and ``acc`` are views of it; ``acc`` holds
+    float64 values in its third plane), so that a holdout keeps two arrays here, not four (issue 13: about 250 bytes
+    of array headers a stream)."""
+
+    __slots__ = ("_buf", "caps", "pairs", "pos", "widths")
 
     def __init__(self, fanout: int, holdout: int, bound_units: int, query_range: int) -> None:
-        h = tree_height(query_range, fanout)
-        self.widths = [fanout**s for s in range(1, h) if 2 * fanout**s <= holdout]
+        self.widths = _widths(fanout, holdout, query_range)
         top = max(0, math.floor(math.log2(max(bound_units, 1))))
         self.caps = _caps(top)
         self.pos = 0
         if not self.widths:  # a holdout too short for any block: nothing to keep (shared, read-only empties)
-            self.partial, self.prev, self.acc, self.pairs = _no_blocks(len(self.caps))
+            self._buf, self.pairs = _no_blocks(len(self.caps))
             return
-        shape = (len(self.widths), len(self.caps))
-        self.partial = np.zeros(shape, dtype=np.int64)
-        self.prev = np.full(shape, -1, dtype=np.int64)
-        self.acc = np.zeros(shape, dtype=np.float64)
+        self._buf = np.zeros((3, len(self.widths), len(self.caps)), dtype=np.int64)
+        self._buf[1] = -1  # no previous block yet (acc's plane: zero bits are 0.0)
         self.pairs = np.zeros(len(self.widths), dtype=np.int64)
+
+    @property
+    def partial(self) -> np.ndarray:
+        """Per width and cap: the sum of the current (incomplete) block, each value truncated at the cap."""
+        return self._buf[0]
+
+    @property
+    def prev(self) -> np.ndarray:
+        """Per width and cap: the sum of the last completed block (-1: none yet)."""
+        return self._buf[1]
+
+    @property
+    def acc(self) -> np.ndarray:
+        """Per width and cap: the sum of ``|dS|`` over consecutive completed blocks (float64)."""
+        return self._buf[2].view(np.float64)
 
     def add(self, units: np.ndarray) -> None:
         units = np.asarray(units, dtype=np.int64)
@@ -248,20 +270,21 @@ class BlockStats:
         tr = np.minimum(units[None, :], self.caps[:, None])  # caps x n
         cum = np.concatenate([np.zeros((len(self.caps), 1), dtype=np.int64), np.cumsum(tr, axis=1)], axis=1)
         n = units.size
+        partial, prev, acc = self.partial, self.prev, self.acc
         for i, w in enumerate(self.widths):
             ends = np.arange(w - self.pos % w, n + 1, w)  # positions (in this batch) where a block completes
             if ends.size == 0:
-                self.partial[i] += cum[:, n] - cum[:, 0]
+                partial[i] += cum[:, n] - cum[:, 0]
                 continue
             starts = np.concatenate([[0], ends[:-1]])
             sums = cum[:, ends] - cum[:, starts]  # caps x completed blocks
-            sums[:, 0] += self.partial[i]
-            seq = sums if self.prev[i, 0] < 0 else np.concatenate([self.prev[i][:, None], sums], axis=1)
+            sums[:, 0] += partial[i]
+            seq = sums if prev[i, 0] < 0 else np.concatenate([prev[i][:, None], sums], axis=1)
             if seq.shape[1] > 1:
-                self.acc[i] += np.abs(np.diff(seq, axis=1)).sum(axis=1)
+                acc[i] += np.abs(np.diff(seq, axis=1)).sum(axis=1)
                 self.pairs[i] += seq.shape[1] - 1
-            self.prev[i] = sums[:, -1]
-            self.partial[i] = cum[:, n] - cum[:, ends[-1]]
+            prev[i] = sums[:, -1]
+            partial[i] = cum[:, n] - cum[:, ends[-1]]
         self.pos += n
 
     def _add_few(self, units: list[int]) -> None:
@@ -269,7 +292,8 @@ class BlockStats:
         integer-valued floats below 2^53, so the order of its additions does not matter). A checkpoint folds in the
         one or two readings a holdout took since the last one, where numpy's set-up per call is most of the cost."""
         caps = self.caps.tolist()
-        partial, prev, acc, pairs = self.partial.tolist(), self.prev.tolist(), self.acc.tolist(), self.pairs.tolist()
+        views = self.partial, self.prev, self.acc
+        partial, prev, acc, pairs = views[0].tolist(), views[1].tolist(), views[2].tolist(), self.pairs.tolist()
         pos = self.pos
         for u in units:
             pos += 1
@@ -283,9 +307,9 @@ class BlockStats:
                     pairs[i] += 1
                 prev[i], partial[i] = part, [0] * len(caps)
         self.pos = pos
-        self.partial[:] = partial
-        self.prev[:] = prev
-        self.acc[:] = acc
+        views[0][:] = partial
+        views[1][:] = prev
+        views[2][:] = acc
         self.pairs[:] = pairs
 
     def copy(self) -> BlockStats:
@@ -293,10 +317,9 @@ class BlockStats:
         out = BlockStats.__new__(BlockStats)
         out.widths, out.caps, out.pos = self.widths, self.caps, self.pos
         if not self.widths:  # the shared, read-only empties
-            out.partial, out.prev, out.acc, out.pairs = self.partial, self.prev, self.acc, self.pairs
+            out._buf, out.pairs = self._buf, self.pairs
         else:
-            out.partial, out.prev = self.partial.copy(), self.prev.copy()
-            out.acc, out.pairs = self.acc.copy(), self.pairs.copy()
+            out._buf, out.pairs = self._buf.copy(), self.pairs.copy()
         return out
 
     def to_dict(self) -> dict:
@@ -310,13 +333,16 @@ class BlockStats:
 
     def load(self, d: dict) -> None:
         self.pos = int(d["pos"])
-        self.partial = np.array(d["partial"], dtype=np.int64).reshape(self.partial.shape)
-        self.prev = np.array(d["prev"], dtype=np.int64).reshape(self.prev.shape)
-        self.acc = np.array(d["acc"], dtype=np.float64).reshape(self.acc.shape)
+        shape = self._buf.shape[1:]
+        buf = np.empty(self._buf.shape, dtype=np.int64)
+        buf[0] = np.array(d["partial"], dtype=np.int64).reshape(shape)
+        buf[1] = np.array(d["prev"], dtype=np.int64).reshape(shape)
+        buf[2].view(np.float64)[:] = np.array(d["acc"], dtype=np.float64).reshape(shape)
+        self._buf = buf
         self.pairs = np.array(d["pairs"], dtype=np.int64).reshape(self.pairs.shape)
 
     def nbytes(self) -> int:
-        return int(self.partial.nbytes + self.prev.nbytes + self.acc.nbytes + self.pairs.nbytes)
+        return int(self._buf.nbytes + self.pairs.nbytes)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ True
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,11 @@ __all__ = ["ToPS"]
 
 _SNAPSHOT_VERSION = 1
 _SPARSE_CELLS = 128  # a holdout touching at most this many candidate cells may keep them in a dict
+
+
+def _pending_array(bound_units: int) -> array:
+    """An empty typed array for a holdout's pending readings in units (``0 .. bound_units``): 2, 4 or 8 bytes each."""
+    return array("H" if bound_units < 1 << 16 else "I" if bound_units < 1 << 32 else "q")
 
 
 class ToPS:
@@ -78,13 +84,14 @@ class ToPS:
         self._noise: ConsistentNoise | None = None
         self._smoother: SmootherState | None = None
         self._blocks: BlockStats | None = None
-        self._pending: list[int] = []  # holdout readings (units) not yet in the block statistics (at most 64)
+        # holdout readings (units) not yet in the block statistics (at most 64), 2-8 bytes each (not 32-byte ints)
+        self._pending = _pending_array(self._bound_units)
         self.start_units: float | None = None
         if config.theta is not None:  # a public theta; ``start`` (value units, public) replaces the prior theta/2
             units = None if start is None else (start - config.lower) / config.resolution
             self._start_release(max(1, round((config.theta - config.lower) / config.resolution)), start=units)
         else:
-            self._candidates = candidate_grid(config.span, config.resolution)
+            self._candidates = candidate_grid(config.span, config.resolution, config.holdout_grid == "compact")
             self._hist = {}  # sparse while that is smaller than the dense int32 histogram (small holdouts)
             self._blocks = self._new_blocks()
 
@@ -125,7 +132,8 @@ class ToPS:
     def state_nbytes(self) -> int:
         """Numeric state kept between calls, in bytes (histogram in the holdout; walk + smoother after)."""
         if self._hist is not None:
-            blocks = self._blocks.nbytes() + 8 * len(self._pending) if self._blocks is not None else 0
+            pending = self._pending.itemsize * len(self._pending)
+            blocks = self._blocks.nbytes() + pending if self._blocks is not None else 0
             hist = 16 * len(self._hist) if isinstance(self._hist, dict) else int(self._hist.nbytes)
             return hist + 64 + blocks
         return self._noise.state_nbytes() + self._smoother.nbytes()
@@ -323,7 +331,7 @@ class ToPS:
     def _flush(self) -> None:
         if self._pending:
             self._blocks.add(np.array(self._pending, dtype=np.int64))
-            self._pending.clear()
+            del self._pending[:]
 
     # -- checkpoints --------------------------------------------------------------------------------------------
     def frozen(self) -> ToPS:
@@ -342,7 +350,7 @@ class ToPS:
             op._hist = dict(hist) if isinstance(hist, dict) else hist.copy()
         if self._blocks is not None:
             op._blocks = self._blocks.copy()
-        op._pending = list(self._pending)
+        op._pending = self._pending[:]
         return op
 
     def snapshot(self, *, stored: bool = False) -> dict[str, Any]:
@@ -410,10 +418,10 @@ class ToPS:
         op._noise = None
         op._smoother = None
         op._blocks = None
-        op._pending = []
+        op._pending = _pending_array(op._bound_units)
         op.start_units = None
         if snapshot["theta_units"] is None:
-            op._candidates = candidate_grid(config.span, config.resolution)
+            op._candidates = candidate_grid(config.span, config.resolution, config.holdout_grid == "compact")
             saved = snapshot["holdout_histogram"]
             if isinstance(saved, dict):  # the non-zero cells of a sparse holdout
                 try:

@@ -192,7 +192,7 @@ class TwoPhase:
         bound_units = math.floor(cfg.bound / cfg.resolution + 1e-9)
         thr_eps = cfg.threshold_epsilon or cfg.epsilon
         if self.threshold_method == "nm-e":
-            cands = candidate_grid(cfg.bound, cfg.resolution)
+            cands = candidate_grid(cfg.bound, cfg.resolution, cfg.holdout_grid == "compact")
             hist = holdout_histogram(units, cands)
             score = scores(
                 m_theta(hist),

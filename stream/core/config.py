@@ -286,6 +286,8 @@ TEMPLATE_DOCS: dict[str, str] = {
     "smoother_layers": "s: lowest layers replaced by the smoother (omit: chosen from the holdout, see selection).",
     "selection": "How the holdout chooses theta, s and the smoother's start: calibrated (default: an error model "
                  "measured privately on the holdout) or paper (Eq. 6 and Eq. 7, the published choice).",
+    "holdout_grid": "The candidate thresholds, the holdout histogram's cells: exact (default; every value step up to "
+                    "4,096, then 0.1% apart) or compact (the first 32 steps, then 3% apart: O(log B) cells).",
     "alpha": "Weight of the newest leaf in the EMA smoother.",
     "window": "Leaves the moving-average and median smoothers look back on.",
     "resolution": "Values are quantized to multiples of this before integer noise is added.",

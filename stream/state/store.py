@@ -58,6 +58,7 @@ PRIVACY_KEYS = (
     "smoother_layers",
     "alpha",
     "window",
+    "holdout_grid",  # the holdout histogram's cells (a holdout kept in one grid can not continue in the other)
     "kind",  # categorical streams (only their params hold these keys)
     "categories",
     "mechanism",
