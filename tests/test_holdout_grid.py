@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from operators.config import ConfigError, ToPSConfig
-from operators.tops import ToPS
 from operators.threshold import COMPACT_INTEGERS, COMPACT_STEP, candidate_grid
+from operators.tops import ToPS
 from stream.core.config import build_config
 from stream.core.errors import ConfigFileError
 from stream.state.store import PrivacyParametersChanged, Store
@@ -31,7 +31,8 @@ def test_compact_grid_is_logarithmic_in_the_bound(bound: float) -> None:
     if top > COMPACT_INTEGERS:
         after = grid[COMPACT_INTEGERS - 1:].astype(float)
         assert (after[1:] / after[:-1] <= COMPACT_STEP * (1 + 1.0 / after[:-1]) + 1e-12).all()
-    assert grid.size <= COMPACT_INTEGERS + math.ceil(math.log(max(top / COMPACT_INTEGERS, 1)) / math.log(COMPACT_STEP)) + 2
+    steps = math.ceil(math.log(max(top / COMPACT_INTEGERS, 1)) / math.log(COMPACT_STEP))
+    assert grid.size <= COMPACT_INTEGERS + steps + 2
     assert not grid.flags.writeable
 
 
