@@ -1,13 +1,15 @@
 """Many streams in one process: the experiment of issue 13, through `tops run` on stdin.
 
     python bench/bench_streams.py [--streams 200000] [--readings 6] [--holdout 3] [--bound 5000] [--theta T]
+                                  [--grid exact|compact]
 
 Writes ``streams x readings`` lines ``mN,value`` (one reading of every stream, then the next round: every stream is
 in its holdout at the same time, the worst case for memory), runs `tops run` on them with no durable state and
 stdout to /dev/null, and prints the wall time, readings per second and the peak resident memory of the daemon
 (per stream after the process's baseline, measured with 1 stream). With ``--readings`` below ``--holdout`` every
 stream stays in its holdout (the holdout's memory); with ``--theta`` (a public threshold) there is no holdout and
-every stream is releasing from its first reading (the releasing state's memory). Not a test: nothing here asserts.
+every stream is releasing from its first reading (the releasing state's memory); ``--grid`` is the template's
+``holdout_grid``. Not a test: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -25,14 +27,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(tmp: Path, streams: int, readings: int, holdout: int, bound: float, theta: float | None = None
-        ) -> tuple[float, int]:
+def run(tmp: Path, streams: int, readings: int, holdout: int, bound: float, theta: float | None = None,
+        grid: str = "exact") -> tuple[float, int]:
     """(seconds, peak RSS in KiB) of one `tops run` over the generated input."""
     cfg = tmp / "tops.toml"
     cfg.write_text(
         "[input]\nsource = \"stdin\"\n[output]\nsinks = [\"stdout\"]\n"
         f"[streams]\nkey_file = \"{tmp / 'master.key'}\"\nmax_streams = {max(streams, 1)}\n"
-        f"[streams.template]\nepsilon = 1.0\nbound = {bound}\n"
+        f"[streams.template]\nepsilon = 1.0\nbound = {bound}\nholdout_grid = \"{grid}\"\n"
         + (f"holdout = {holdout}\n" if theta is None else f"theta = {theta}\n")
         + "[state]\ndata_dir = \"\"\n[metrics]\nport = 0\n"
     )
@@ -58,13 +60,14 @@ def main() -> int:
     p.add_argument("--holdout", type=int, default=3)
     p.add_argument("--bound", type=float, default=5000.0)
     p.add_argument("--theta", type=float, default=None, help="a public threshold: no holdout")
+    p.add_argument("--grid", choices=("exact", "compact"), default="exact", help="the holdout's candidate grid")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        _, base = run(tmp, 1, args.readings, args.holdout, args.bound, args.theta)
-        seconds, peak = run(tmp, args.streams, args.readings, args.holdout, args.bound, args.theta)
+        _, base = run(tmp, 1, args.readings, args.holdout, args.bound, args.theta, args.grid)
+        seconds, peak = run(tmp, args.streams, args.readings, args.holdout, args.bound, args.theta, args.grid)
     n = args.streams * args.readings
-    what = f"holdout {args.holdout}" if args.theta is None else f"theta {args.theta:g}, no holdout"
+    what = f"holdout {args.holdout}, {args.grid} grid" if args.theta is None else f"theta {args.theta:g}, no holdout"
     phase = "releasing" if args.theta is not None or args.readings > args.holdout else "all in holdout"
     print(f"{args.streams:,} streams x {args.readings} readings ({what}, {phase} at the end, B = {args.bound:g}, "
           f"no durable state): {seconds:.1f} s, {n / seconds:,.0f} readings/s; peak RSS {peak / 1024:,.0f} MiB "

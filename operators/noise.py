@@ -420,7 +420,9 @@ def _words_to_uniform(words: np.ndarray) -> np.ndarray:
 _SAMPLES_PER_CALL = 1 << 16  # bound the memory of one vectorized pass (8 words per sample)
 
 
-_SMALL_BLOCKS = 16  # up to this many blocks the compiled ChaCha20 (about 1-2 us a call) beats OpenSSL's (20 us)
+# up to this many blocks the compiled ChaCha20 beats OpenSSL's, whose set-up costs 12-20 us a call (measured on
+# 2026-11-26: 16 / 32 / 64 / 128 blocks 3.6 / 6.1 / 12.7-14.6 / 26 us compiled against 12.6 / 16 / 21-32 / 16-24 us)
+_SMALL_BLOCKS = 64
 
 
 def _keystream(key: bytes, block0: int, domain: int, address: int, nblocks: int) -> bytes:

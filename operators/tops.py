@@ -280,10 +280,14 @@ class ToPS:
                     self._hist = self._dense_hist()
             else:
                 hist[cell] += 1
-            if self._blocks is not None:  # the block statistics take readings in batches (exact however batched)
-                self._pending.append(units)
-                if len(self._pending) >= 64:
-                    self._flush()
+            blocks = self._blocks
+            if blocks is not None:  # the block statistics take readings in batches (exact however batched)
+                if blocks.widths:
+                    self._pending.append(units)
+                    if len(self._pending) >= 64:
+                        self._flush()
+                else:  # a holdout too short for any block: only its position counts (what add() would do)
+                    blocks.pos += 1
             self.ticks += 1
             if self.ticks >= cfg.holdout_ticks:  # the holdout's last reading: choose, as process() does
                 self._select()
