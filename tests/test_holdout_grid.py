@@ -117,3 +117,16 @@ def test_the_template_takes_the_grid_and_names_a_wrong_one() -> None:
     with pytest.raises(ConfigFileError) as exc:
         build_config({"metrics": {"port": 0}, "streams": {"template": {**tpl, "holdout_grid": "fine"}}})
     assert len(exc.value.problems) == 1 and "holdout_grid must be one of exact, compact" in exc.value.problems[0]
+
+
+@pytest.mark.parametrize("grid", ["exact", "compact"])
+def test_a_short_holdout_keeps_no_pending_readings_and_the_same_state(grid: str) -> None:
+    """A holdout too short for any leaf width (m = 3) keeps no pending readings; fed one reading at a time its
+    snapshot is the batch path's, block statistics included."""
+    cfg = ToPSConfig(epsilon=1.0, bound=5000, holdout=3, query_range=1 << 16, holdout_grid=grid)
+    one, batch = ToPS(cfg, KEY), ToPS(cfg, KEY)
+    for v in (7.0, 4321.0):
+        one.process_one(v)
+    batch.process(np.array([7.0, 4321.0]))
+    assert len(one._pending) == 0
+    assert one.snapshot() == batch.snapshot()
