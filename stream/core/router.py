@@ -51,8 +51,8 @@ class StreamRecord:
     failed: bool = False
     last_seen: float = 0.0  # time.monotonic() of the last reading taken (idle eviction)
     seen_window: int = -1  # the idle window of ``last_seen`` (Router.seen), when eviction runs
-    lent: Any = None  # a checkpoint's writer may still read this holdout operator: ``lent.detach()`` before
-    # changing it (stream/state/records.py)
+    lent: Any = None  # a checkpoint's writer may still read this holdout operator: ``(lent, i)``, whose
+    # ``lent.detach(i)`` comes before changing it (stream/state/records.py)
 
     def status(self) -> dict[str, Any]:
         """The retained status message of this stream (with the identity that ``tops replay --identity`` takes)."""
@@ -343,7 +343,7 @@ class Router:
         lent = rec.lent
         if lent is not None:  # a checkpoint's writer gets the operator as it was at the cut, copied only now
             rec.lent = None
-            lent.detach()
+            lent[0].detach(lent[1])
         op = rec.operator
         n = len(values)
         if getattr(op, "takes_categories", False):  # one histogram release per period

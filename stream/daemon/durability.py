@@ -622,11 +622,14 @@ class Durability:
         self._confirm()
         streams = router.streams
         names = list(streams) if router.clock is not None else [n for n in self.changed if n in streams]
-        states = record_states([streams[n] for n in names])
-        left_holdout = [n for n in names if n in self.saved_in_holdout and streams[n].operator.phase != "holdout"]
-        for n in names:
-            if streams[n].operator.phase == "holdout":
-                self.saved_in_holdout.add(n)
+        recs = [streams[n] for n in names]
+        states = record_states(recs)
+        saved, left_holdout = self.saved_in_holdout, []
+        for rec in recs:  # one pass: stored in its holdout now, or no longer in it
+            if rec.operator.phase == "holdout":
+                saved.add(rec.name)
+            elif rec.name in saved:
+                left_holdout.append(rec.name)
         spill = daemon.pubq.spill if daemon.pubq is not None else None
         if spill is not None:
             spill.sync()

@@ -126,7 +126,8 @@ _YIELD_AFTER = 0.001  # seconds of encoding in the writer thread between two off
 
 
 def _encoded(states: dict[str, Any], now: str, *, polite: bool) -> list[tuple[str, str, str]]:
-    """The rows of a checkpoint: each state as JSON text (dicts encoded, functions called for a dict or its text).
+    """The rows of a checkpoint: each state as JSON text (dicts encoded, functions called for a dict or its text, a
+    pair ``(lent, i)`` of a holdout lent by the cut for ``lent.state(i)``: ``stream.state.records.Lent``).
 
     ``polite`` (the daemon's writer thread): every millisecond of encoding, the interpreter is offered to the event
     loop (``time.sleep(0)`` releases it), which otherwise waits for the interpreter's 5 ms switch each time it wants it
@@ -135,7 +136,9 @@ def _encoded(states: dict[str, Any], now: str, *, polite: bool) -> list[tuple[st
     rows = []
     mark = time.perf_counter()
     for i, (name, state) in enumerate(states.items()):
-        if callable(state):
+        if type(state) is tuple:
+            state = state[0].state(state[1])
+        elif callable(state):
             state = state()
         rows.append((state if isinstance(state, str) else json.dumps(state, separators=(",", ":")), now, name))
         if polite and i & 7 == 7 and time.perf_counter() - mark >= _YIELD_AFTER:
