@@ -130,3 +130,40 @@ def test_a_short_holdout_keeps_no_pending_readings_and_the_same_state(grid: str)
     batch.process(np.array([7.0, 4321.0]))
     assert len(one._pending) == 0
     assert one.snapshot() == batch.snapshot()
+
+
+@pytest.mark.slow
+def test_the_daemon_and_replay_run_the_compact_grid_alike(tmp_path) -> None:
+    """`tops run --holdout-grid compact` on stdin and `tops replay --holdout-grid compact` with the same key file
+    release the same values, bit for bit, for readings spread over [1000, B) (theta among the geometric cells); a
+    replay on the exact grid releases others (the flag is not ignored)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import identity_from_log
+
+    root = Path(__file__).resolve().parent.parent
+    params = ["--epsilon", "1", "--holdout", "1000", "--range", "256", "--fanout", "4", "--bound", "5000"]
+    rng = np.random.default_rng(13)
+    values = {name: rng.integers(1000, 5000, 1200).astype(float) for name in ("m1", "m2")}
+    lines = "".join(f"{name},{v:g}\n" for i in range(1200) for name, vals in values.items() for v in [vals[i]])
+    key = tmp_path / "master.key"
+    run = subprocess.run([sys.executable, "-m", "stream.cli", "run", *params, "--holdout-grid", "compact",
+                          "--key-file", str(key)], input=lines.encode(), cwd=root, capture_output=True, check=True,
+                         timeout=120)
+    releases = [json.loads(x) for x in run.stdout.splitlines()]
+    identity = identity_from_log(run.stderr.decode())
+    for name, vals in values.items():
+        src = tmp_path / f"{name}.npy"
+        np.save(src, vals)
+        outs = {}
+        for grid in ("compact", "exact"):
+            out = tmp_path / f"{name}.{grid}.npy"
+            subprocess.run([sys.executable, "-m", "stream.cli", "replay", str(src), *params, "--holdout-grid", grid,
+                            "--key-file", str(key), "--identity", identity, "--stream", name, "--out", str(out)],
+                           cwd=root, check=True, capture_output=True, timeout=120)
+            outs[grid] = {t: float(v) for t, v in enumerate(np.load(out)) if not np.isnan(v)}
+        got = {r["tick"]: r["value"] for r in releases if r["stream"] == name}
+        assert len(got) == 200 and got == outs["compact"]
+        assert outs["exact"] != outs["compact"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from operators import SMOOTHERS, ConfigError, ToPS, ToPSConfig, new_key
-from operators.config import SELECTIONS
+from operators.config import HOLDOUT_GRIDS, SELECTIONS
 from stream.commands.inputs import InputError, read_stream
 from stream.core.keys import KeyFileError, check_identity, derive_stream_key, load_master_key, parse_hex_key
 
@@ -47,6 +47,8 @@ def add_privacy_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--smoother-layers", type=int, default=None, help="s; default: chosen with theta (--selection)")
     p.add_argument("--selection", choices=SELECTIONS, default="calibrated",
                    help="how the holdout chooses theta and s: calibrated (default) or paper (Eq. 6, Eq. 7)")
+    p.add_argument("--holdout-grid", choices=HOLDOUT_GRIDS, default="exact",
+                   help="the holdout's candidate thresholds: exact (default) or compact (O(log B) cells)")
     p.add_argument("--alpha", type=float, default=0.6, help="EMA weight (default 0.6)")
     p.add_argument("--window", type=int, default=8, help="leaves for the moving/median smoothers (default 8)")
     p.add_argument("--resolution", type=float, default=1.0, help="quantization step of values (default 1)")
@@ -108,6 +110,7 @@ def config_from_args(args: argparse.Namespace) -> ToPSConfig:
         theta=args.theta,
         lower=getattr(args, "lower", 0.0),
         selection=getattr(args, "selection", "calibrated"),
+        holdout_grid=getattr(args, "holdout_grid", "exact"),
     )
 
 

@@ -690,15 +690,19 @@ class Daemon:
 
 # -- command line ---------------------------------------------------------------------------------------------
 _TEMPLATE_FLAGS = {"epsilon": float, "bound": float, "lower": float, "holdout": int, "range": int, "fanout": int,
-                   "smoother": str, "resolution": float}
+                   "smoother": str, "resolution": float, "holdout_grid": str}  # --holdout-grid: the key's dashes
+
+
+def _template_key(flag: str) -> str:
+    return "query_range" if flag == "range" else flag
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", "-c", metavar="TOML", help="configuration file (see the README); "
                         "without it: readings on stdin, JSONL releases on stdout")
     for flag, kind in _TEMPLATE_FLAGS.items():
-        parser.add_argument(f"--{flag}", type=kind, default=None,
-                            help=f"override [streams.template] {'query_range' if flag == 'range' else flag}")
+        parser.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,
+                            help=f"override [streams.template] {_template_key(flag)}")
     parser.add_argument("--key-file", help="override [streams] key_file")
     parser.add_argument("--metrics-port", type=int, help="override [metrics] port (0: off)")
     parser.add_argument("--check", action="store_true", help="check the configuration and exit")
@@ -709,8 +713,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> DaemonConfig:
-    overrides = {("query_range" if k == "range" else k): getattr(args, k) for k in _TEMPLATE_FLAGS
-                 if getattr(args, k, None) is not None}
+    overrides = {_template_key(k): getattr(args, k) for k in _TEMPLATE_FLAGS if getattr(args, k, None) is not None}
     if args.config:
         cfg = load_config(args.config, overrides)
     else:
