@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from operators.columnar import ColumnarRelease, RowOperator, columnar_eligible
+from operators.columnar_holdout import MIN_HOLDOUT_LEFT, ColumnarHoldout, HoldoutRow, holdout_eligible
 from stream.core.errors import StreamCapError
 from stream.core.ticking import CategoryBins, PeriodBins, PeriodClock
 
@@ -119,18 +120,34 @@ class Router:
         # releasing ToPS streams as rows of one columnar store, released together in one compiled pass per flush
         # (operators/columnar.py); None: every stream keeps its own operator object
         self.pool: ColumnarRelease | None = None
+        # ToPS streams in their holdout on the compact grid as rows of one columnar store per configuration, counted
+        # together in one compiled pass per flush (operators/columnar_holdout.py); None: not used
+        self.holdouts: dict[Any, ColumnarHoldout] | None = None
 
     def use_columns(self, capacity: int = 1024, ahead: int = 64) -> None:
         """Keep releasing ToPS streams (Recent smoother, lower = 0) as rows of one columnar store from now on, each
         with the noise of ``ahead`` leaves drawn ahead (a refill rebuilds the walk from the key: about 0.2 ms, so
-        64 leaves a refill keep it under 1 us per tick at w = 4, for 512 B of the row)."""
+        64 leaves a refill keep it under 1 us per tick at w = 4, for 512 B of the row), and ToPS streams in their
+        holdout on the compact grid as rows of a columnar holdout."""
         if self.pool is None:
             self.pool = ColumnarRelease(capacity=max(1, capacity), ahead=ahead)
+        if self.holdouts is None:
+            self.holdouts = {}
 
     def _adopt(self, rec: StreamRecord) -> None:
         """A stream that is releasing becomes a row of the columnar store (when there is one and it fits)."""
         if self.pool is not None and columnar_eligible(rec.operator):
             rec.operator = RowOperator(self.pool, self.pool.add(rec.operator))
+
+    def _adopt_holdout(self, rec: StreamRecord) -> None:
+        """A stream in its holdout (on the compact grid, with at least ``MIN_HOLDOUT_LEFT`` readings to come) becomes a
+        row of its configuration's columnar holdout."""
+        op = rec.operator
+        if self.holdouts is not None and holdout_eligible(op) and op.holdout_left >= MIN_HOLDOUT_LEFT:
+            store = self.holdouts.get(op.config)
+            if store is None:
+                store = self.holdouts[op.config] = ColumnarHoldout(op.config)
+            rec.operator = HoldoutRow(store, store.add(op))
 
     def record(self, name: str, now: float | None = None) -> StreamRecord:
         """The stream's record, created on first sight; :class:`StreamCapError` past the cap. ``now``: the time
@@ -152,6 +169,7 @@ class Router:
             self._seen_now(rec)
         if rec.phase == "holdout":
             self.in_holdout += 1
+            self._adopt_holdout(rec)
         else:
             self._adopt(rec)
         self.status_now.append(rec)
@@ -331,6 +349,12 @@ class Router:
                 self._leave_window(rec)
             if type(rec.operator) is RowOperator:
                 rec.operator.free()
+            elif type(rec.operator) is HoldoutRow:
+                lent = rec.lent
+                if lent is not None:  # a checkpoint's writer may still read the row: it keeps a copy
+                    rec.lent = None
+                    lent[0].detach(lent[1])
+                rec.operator.free()
             if rec.phase == "holdout":
                 self.in_holdout -= 1
             if rec.failed:
@@ -346,6 +370,14 @@ class Router:
             lent[0].detach(lent[1])
         op = rec.operator
         n = len(values)
+        if type(op) is HoldoutRow:
+            if n < op.holdout_left:  # inside the holdout: counted in the row (no release)
+                op.store.process(np.full(n, op.row, dtype=np.int64), np.asarray(values, dtype=np.float64),
+                                 checked=True)
+                self._holdout_taken(rec, n)
+                self.latencies.append(time.perf_counter() - t0)
+                return None
+            rec.operator = op = op.store.take(op.row)  # the holdout ends here: the stream's operator chooses
         if getattr(op, "takes_categories", False):  # one histogram release per period
             out = op.process(values)
             first = rec.ticks
@@ -383,12 +415,23 @@ class Router:
         self.latencies.append(time.perf_counter() - t0)
         return batch
 
+    def _holdout_taken(self, rec: StreamRecord, n: int) -> None:
+        """The bookkeeping of ``n`` readings a holdout took (as :meth:`_process_batch` does for them)."""
+        rec.ticks += n
+        self.ticks_processed += n
+        self.ticks_total += n
+        rec.status_due = True
+        if self.status_pending is not None:
+            self.status_pending.add(rec.name)
+
     def flush(self) -> list[ReleaseBatch]:
         """Process the pending readings of every stream that has some (mode ``reading``)."""
         out: list[ReleaseBatch] = []
         if self.clock is not None:
             self.dirty.clear()
             return out
+        if self.holdouts:
+            self._holdout_rows()
         rows = self._release_rows() if self.pool is not None else None
         for rec in self.dirty.values():
             if rec.pending:
@@ -404,6 +447,47 @@ class Router:
                     out.append(b)
         self.dirty.clear()
         return out
+
+    def _holdout_rows(self) -> None:
+        """The pending readings of every dirty stream that is a holdout row and stays inside its holdout, counted in
+        one compiled pass per columnar holdout (the same numbers, stream by stream, as each stream's own operator:
+        operators/columnar_holdout.py); their pending lists are emptied. A stream whose holdout ends in this step
+        keeps its readings for :meth:`_process_batch`, which hands it its operator back for the choice."""
+        groups: dict[int, tuple[ColumnarHoldout, list[StreamRecord]]] = {}
+        for rec in self.dirty.values():
+            op = rec.operator
+            if rec.pending and type(op) is HoldoutRow and len(rec.pending) < op.store.left(op.row):
+                g = groups.get(id(op.store))
+                if g is None:
+                    g = groups[id(op.store)] = (op.store, [])
+                g[1].append(rec)
+        for store, recs in groups.values():
+            t0 = time.perf_counter()
+            for rec in recs:
+                lent = rec.lent
+                if lent is not None:  # a checkpoint's writer gets the state as it was at the cut, copied only now
+                    rec.lent = None
+                    lent[0].detach(lent[1])
+            lengths = [len(rec.pending) for rec in recs]  # type: ignore[arg-type]
+            row_of = [rec.operator.row for rec in recs]
+            if len(recs) == sum(lengths):  # one reading each (the common step)
+                rows = np.array(row_of, dtype=np.int64)
+                values = np.array([rec.pending[0] for rec in recs], dtype=np.float64)  # type: ignore[index]
+            else:
+                rows = np.repeat(np.array(row_of, dtype=np.int64), lengths)
+                values = np.array([v for rec in recs for v in rec.pending], dtype=np.float64)  # type: ignore[union-attr]
+            try:
+                # readings were validated on intake (finite numbers), the rows belong to live records and every row
+                # stays inside its holdout (checked above)
+                store.process(rows, values, checked=True)
+            except Exception as exc:  # a bug: the streams of this pass fail, no other
+                for rec in recs:
+                    self.fail(rec, f"operator failed ({type(exc).__name__}); {len(rec.pending)} ticks not taken")
+                continue
+            for rec, n in zip(recs, lengths, strict=True):
+                rec.pending = rec.pending_ts = None
+                self._holdout_taken(rec, n)
+            self.latencies.append(time.perf_counter() - t0)
 
     def _release_rows(self) -> dict[str, list[float]] | None:
         """The pending readings of every dirty stream that is a row, released in one compiled pass (the same

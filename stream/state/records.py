@@ -17,6 +17,7 @@ import numpy as np
 
 from operators import ToPS, ToPSConfig
 from operators.columnar import RowOperator
+from operators.columnar_holdout import HoldoutRow
 from stream.core.router import StreamRecord
 from stream.core.ticking import CategoryBins, PeriodBins
 
@@ -60,7 +61,7 @@ class Lent:
     __slots__ = ("bins", "done", "locks", "ops", "seqs", "ticks")
 
     def __init__(self) -> None:
-        self.ops: list[ToPS | None] = []
+        self.ops: list[ToPS | HoldoutRow | None] = []
         self.seqs: list[int | None] = []
         self.ticks: list[int] = []
         self.bins: list[dict[str, Any] | None] = []
@@ -135,7 +136,8 @@ def record_states(recs: list[StreamRecord]) -> dict[str, Any]:
         op = rec.operator
         if type(op) is RowOperator and rec.bins is None:
             rows.append(rec)
-        elif type(op) is ToPS and op.theta_units is None:  # a holdout: lent to the writer, copied on write
+        elif (type(op) is ToPS and op.theta_units is None) or type(op) is HoldoutRow:
+            # a holdout (an operator or a row of a columnar holdout): lent to the writer, copied on write
             out[rec.name] = rec.lent = (lent, len(ops))
             ops.append(op)
             seqs.append(rec.last_seq)
@@ -177,7 +179,7 @@ def _by_pool(rows: list[StreamRecord], ops: list[RowOperator]) -> list[tuple[Any
 
 def _stored_snapshot(op: Any) -> dict[str, Any]:
     """The operator's snapshot as stored (:func:`_compact`; a ToPS operator makes it so itself, faster)."""
-    return op.snapshot(stored=True) if type(op) is ToPS else _compact(op.snapshot())
+    return op.snapshot(stored=True) if type(op) is ToPS or type(op) is HoldoutRow else _compact(op.snapshot())
 
 
 def _compact(snap: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,293 @@
+"""Many ToPS streams in their holdout as columns, and one compiled pass over a batch of their readings (issue 13).
+
+In its holdout a ToPS stream (seed 001, Algorithm 1) keeps only sufficient statistics for the choice at the holdout's
+end: the histogram of its readings over the candidate thresholds (Eq. 5 counts the values above each candidate from
+it) and, for the calibrated selection, the block statistics of :class:`operators.selection.BlockStats` (per leaf width
+``b^s`` and cap ``2^k``: the current block's truncated sum, the previous block's, the sum of ``|dS|``). With the
+compact candidate grid (``holdout_grid = "compact"``, ``O(log B)`` cells) these are a few hundred numbers of fixed
+shape, so :class:`ColumnarHoldout` keeps them as rows of arrays shared by every stream of one configuration (no
+Python object, histogram or array header per stream) and :func:`operators._holdout_kernel.holdout_batch` counts a
+batch of ``(row, value)`` pairs of many streams in one compiled loop.
+
+A row is the stream's operator state, nothing less: :meth:`ColumnarHoldout.operator` makes the ToPS object holding
+the very numbers the stream's own operator would hold after the same readings (tested on interleaved streams, with
+clamped readings and blocks across batches), so its snapshot, its checkpoint and its choice at the holdout's end are
+unchanged; the daemon's router hands a stream its operator back for the reading that ends its holdout, and
+:class:`HoldoutRow` is a row seen as an operator in its holdout.
+
+>>> import numpy as np
+>>> from operators.config import ToPSConfig
+>>> cfg = ToPSConfig(epsilon=1.0, bound=100, holdout=40, query_range=64, fanout=4, holdout_grid="compact")
+>>> cols = ColumnarHoldout(cfg, capacity=2)
+>>> a, b = cols.add(ToPS(cfg, bytes(32))), cols.add(ToPS(cfg, bytes([1]) * 32))
+>>> cols.process(np.array([a, b, a, a]), np.array([1.0, 2.0, 37.0, 120.0]))
+>>> ref = ToPS(cfg, bytes(32))
+>>> _ = ref.process(np.array([1.0, 37.0, 120.0]))
+>>> cols.operator(a).snapshot() == ref.snapshot(), cols.operator(a).clamped
+(True, 1)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from operators.config import ToPSConfig
+from operators.noise import KeyedGenerator
+from operators.selection import BlockStats
+from operators.threshold import candidate_grid
+from operators.tops import ToPS, _pending_array
+
+__all__ = ["MIN_HOLDOUT_LEFT", "ColumnarHoldout", "HoldoutRow", "holdout_eligible"]
+
+_KEY_BYTES = 32
+_SCALARS = ("pos", "ticks", "clamped")
+
+
+# a stream becomes a row only with at least this many holdout readings to come: making a row and giving the operator
+# back cost about 45 us, a reading counted in a row instead of by its operator saves about 9 us in the daemon
+MIN_HOLDOUT_LEFT = 16
+
+
+def holdout_eligible(op: Any) -> bool:
+    """Whether a stream can be a holdout row: a ToPS stream in its holdout on the compact grid (bounded cells: a row
+    of the exact grid's thousands of cells would cost more than the sparse histogram of most holdouts) with no lower
+    bound (``lower`` shifts readings before they are quantized: the scalar path of ToPS hands such readings to its
+    general path, and rows do not)."""
+    return (type(op) is ToPS and op.theta_units is None and op.config.holdout_grid == "compact"
+            and op.config.lower == 0)
+
+
+class ColumnarHoldout:
+    """The holdouts of ToPS streams of one configuration as rows of arrays; :meth:`process` counts a batch of readings
+    of any of them. The caller keeps every row's readings inside its holdout: the reading that ends it belongs to the
+    stream's operator (:meth:`take`), which makes the choice."""
+
+    def __init__(self, config: ToPSConfig, capacity: int = 1024) -> None:
+        if capacity < 1:
+            msg = "capacity must be at least 1"
+            raise ValueError(msg)
+        if config.theta is not None or config.holdout_grid != "compact" or config.lower != 0:
+            msg = "a columnar holdout takes a configuration with a holdout, the compact grid and lower = 0"
+            raise ValueError(msg)
+        self.config = config
+        self.candidates = candidate_grid(config.span, config.resolution, True)
+        self.cells = len(self.candidates) + 1
+        self.bound_units = math.floor(config.span / config.resolution + 1e-9)
+        model = BlockStats(config.fanout, config.holdout, self.bound_units, config.query_range)
+        self.has_blocks = config.selection == "calibrated"
+        self.widths = np.asarray(model.widths if self.has_blocks else (), dtype=np.int64)
+        self.caps = np.asarray(model.caps, dtype=np.int64)
+        self._block_shape = (len(self.widths), len(self.caps))
+        self.rows = 0  # rows ever handed out (the high-water mark); freed ones are reused first
+        self.capacity = 0
+        self._free: list[int] = []
+        self._alloc(capacity)
+
+    def _alloc(self, capacity: int) -> None:
+        old = self.capacity
+
+        def grow(name: str, dtype: Any, shape: tuple[int, ...]) -> None:
+            new = np.zeros(shape, dtype=dtype)
+            if old:
+                new[:old] = getattr(self, name)
+            setattr(self, name, new)
+
+        w, c = self._block_shape
+        grow("hist", np.int32, (capacity, self.cells))
+        grow("partial", np.int64, (capacity, w, c))
+        grow("prev", np.int64, (capacity, w, c))
+        grow("acc", np.float64, (capacity, w, c))
+        grow("pairs", np.int64, (capacity, w))
+        for name in _SCALARS:
+            grow(name, np.int64, (capacity,))
+        grow("key", np.uint8, (capacity, _KEY_BYTES))
+        self.capacity = capacity
+
+    def row_nbytes(self) -> int:
+        """Bytes of the columns per row: the whole holdout state of a stream."""
+        w, c = self._block_shape
+        return 4 * self.cells + 8 * (3 * w * c + w + len(_SCALARS)) + _KEY_BYTES
+
+    def __len__(self) -> int:
+        """Rows in use."""
+        return self.rows - len(self._free)
+
+    def add(self, op: ToPS) -> int:
+        """Make a ToPS stream in its holdout a row (its state moves into the row; ``op`` is no longer needed:
+        :meth:`operator` gives an object continuing the row)."""
+        if not holdout_eligible(op) or op.config != self.config:
+            msg = "only a ToPS stream of this configuration, in its holdout, becomes a row"
+            raise ValueError(msg)
+        op._flush()  # the block statistics take the pending readings (exact however batched)
+        if self._free:
+            r = self._free.pop()
+        else:
+            if self.rows == self.capacity:
+                self._alloc(2 * self.capacity)
+            r = self.rows
+            self.rows += 1
+        hist = op._hist
+        self.hist[r] = 0
+        if isinstance(hist, dict):
+            for cell, n in hist.items():
+                self.hist[r, cell] = n
+        else:
+            self.hist[r] = hist
+        blocks = op._blocks
+        if blocks is not None and blocks.widths:
+            self.partial[r] = blocks.partial
+            self.prev[r] = blocks.prev
+            self.acc[r] = blocks.acc
+            self.pairs[r] = blocks.pairs
+        else:
+            self.prev[r] = -1
+            self.partial[r] = self.acc[r] = self.pairs[r] = 0
+        self.pos[r] = 0 if blocks is None else blocks.pos
+        self.ticks[r] = op.ticks
+        self.clamped[r] = op.clamped
+        self.key[r] = np.frombuffer(op._gen._key, dtype=np.uint8)
+        return r
+
+    def release(self, r: int) -> None:
+        """Free row ``r`` (its stream left memory, or took its operator back); its key is wiped."""
+        self.key[r] = 0
+        self._free.append(r)
+
+    def left(self, r: int) -> int:
+        """Readings row ``r`` still takes before its holdout ends."""
+        return max(0, self.config.holdout_ticks - int(self.ticks[r]))
+
+    def process(self, rows: np.ndarray, values: np.ndarray, *, checked: bool = False) -> None:
+        """Count every reading (``values[i]`` of stream ``rows[i]``), in order. Each row must take fewer readings here
+        than it has left in its holdout. ``checked``: the caller guarantees int64 rows in use that stay inside their
+        holdouts and finite float64 values (the daemon's router): the checks are skipped."""
+        from operators._holdout_kernel import holdout_batch
+
+        if not checked:
+            rows = np.ascontiguousarray(rows, dtype=np.int64)
+            values = np.ascontiguousarray(values, dtype=np.float64)
+            if rows.shape != values.shape or rows.ndim != 1:
+                msg = "rows and values must be 1-D arrays of one length"
+                raise ValueError(msg)
+            if rows.size and (rows.min() < 0 or rows.max() >= self.rows):
+                msg = "unknown row"
+                raise ValueError(msg)
+            if values.size and not np.isfinite(values).all():
+                msg = "readings must be finite numbers"
+                raise ValueError(msg)
+            used, n = np.unique(rows, return_counts=True)
+            if used.size and (self.ticks[used] + n >= self.config.holdout_ticks).any():
+                msg = "a row's holdout would end here: its operator (take) makes the choice"
+                raise ValueError(msg)
+        cfg = self.config
+        holdout_batch(rows, values, self.candidates, float(cfg.bound), float(cfg.resolution), self.bound_units,
+                      self.has_blocks, self.widths, self.caps, self.hist, self.partial, self.prev, self.acc,
+                      self.pairs, self.pos, self.ticks, self.clamped)
+
+    def operator(self, r: int) -> ToPS:
+        """A ToPS object holding row ``r``'s state: the histogram, block statistics and counters the stream's own
+        operator would hold after the same readings (its histogram sparse or dense as that operator's would be)."""
+        cfg = self.config
+        op = ToPS.__new__(ToPS)
+        op.config = cfg
+        op._gen = KeyedGenerator(self.key[r].tobytes())
+        op._bound_units = self.bound_units
+        op.ticks = int(self.ticks[r])
+        op.clamped = int(self.clamped[r])
+        op.theta_units = op.smoother_layers = op.start_units = None
+        op._noise = op._smoother = None
+        op._pending = _pending_array(self.bound_units)
+        op._candidates = self.candidates
+        row = self.hist[r]
+        cells = np.flatnonzero(row)
+        # a histogram's occupied cells only grow: ToPS turned it dense exactly when they first outnumbered this
+        op._hist = row.copy() if len(cells) > op._sparse_cells() else dict(
+            zip(cells.tolist(), row[cells].tolist(), strict=True))
+        op._blocks = op._new_blocks()
+        blocks = op._blocks
+        if blocks is not None:
+            blocks.pos = int(self.pos[r])
+            if blocks.widths:
+                blocks.partial[:] = self.partial[r]
+                blocks.prev[:] = self.prev[r]
+                blocks.acc[:] = self.acc[r]
+                blocks.pairs[:] = self.pairs[r]
+        return op
+
+    def take(self, r: int) -> ToPS:
+        """Row ``r``'s stream as its own operator again (:meth:`operator`), and the row freed."""
+        op = self.operator(r)
+        self.release(r)
+        return op
+
+
+class HoldoutRow:
+    """A row of a :class:`ColumnarHoldout` seen as a ToPS operator in its holdout: the public state the daemon reads
+    (``phase``, ``holdout_left``, ``ticks``, ``config``, ...), ``snapshot`` (the stream's own operator's), ``frozen``
+    (a copy, for a checkpoint taken later) and ``process`` of readings inside the holdout. The reading that ends the
+    holdout goes to the operator :meth:`ColumnarHoldout.take` gives back (the daemon's router does so)."""
+
+    __slots__ = ("row", "store")
+    phase = "holdout"
+    theta = None
+    theta_units = None
+    smoother_layers = None
+    start_units = None
+
+    def __init__(self, store: ColumnarHoldout, row: int) -> None:
+        self.store = store
+        self.row = row
+
+    def __repr__(self) -> str:
+        return f"HoldoutRow(row={self.row}, key=<secret>)"
+
+    def __reduce__(self):  # a row's key must not be pickled into a checkpoint by accident
+        msg = "HoldoutRow holds a secret and is not picklable"
+        raise TypeError(msg)
+
+    @property
+    def config(self) -> ToPSConfig:
+        return self.store.config
+
+    @property
+    def ticks(self) -> int:
+        return int(self.store.ticks[self.row])
+
+    @property
+    def clamped(self) -> int:
+        return int(self.store.clamped[self.row])
+
+    @property
+    def holdout_left(self) -> int:
+        return self.store.left(self.row)
+
+    def process(self, values: Any) -> np.ndarray:
+        """NaN for every reading (holdout ticks are never released); all of them must fall inside the holdout."""
+        v = np.asarray(values, dtype=np.float64).reshape(-1)
+        self.store.process(np.full(v.size, self.row, dtype=np.int64), v)
+        return np.full(v.size, np.nan)
+
+    def process_one(self, value: float) -> float:
+        return float(self.process(np.array([float(value)]))[0])
+
+    def snapshot(self, *, stored: bool = False) -> dict[str, Any]:
+        return self.store.operator(self.row).snapshot(stored=stored)
+
+    def frozen(self) -> ToPS:
+        """The stream's state as it is now, as its own operator (a copy: the row goes on)."""
+        return self.store.operator(self.row)
+
+    def state_nbytes(self) -> int:
+        return self.store.row_nbytes()
+
+    @classmethod
+    def restore(cls, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> ToPS:
+        """A ToPS object from a snapshot (rows are made from ToPS objects by the store that holds them)."""
+        return ToPS.restore(config, key, snapshot)
+
+    def free(self) -> None:
+        """Give the row back to its store (the stream left memory)."""
+        self.store.release(self.row)
