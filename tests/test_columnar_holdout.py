@@ -60,7 +60,7 @@ def test_a_row_holds_the_numbers_of_the_streams_own_operator(name: str) -> None:
     order = np.repeat(np.arange(len(names)), per)
     rng.shuffle(order)
     values = readings(rng, order.size, cfg.bound)
-    cuts = np.sort(rng.choice(order.size, 6, replace=False)).tolist() + [order.size]
+    cuts = [*np.sort(rng.choice(order.size, 6, replace=False)).tolist(), order.size]
     at = 0
     for cut in cuts:
         for j in range(at, cut):

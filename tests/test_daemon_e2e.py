@@ -26,23 +26,26 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def replay(values: np.ndarray, key_file: Path, stream: str, tmp: Path, identity: str | None = None) -> np.ndarray:
-    """`tops replay` by subprocess with the daemon's master key file and identity (found under ``tmp`` if None)."""
+def replay(values: np.ndarray, key_file: Path, stream: str, tmp: Path, identity: str | None = None,
+           grid: str = "exact") -> np.ndarray:
+    """`tops replay` by subprocess with the daemon's master key file and identity (found under ``tmp`` if None), and
+    the template's holdout grid."""
     identity = identity or find_identity(tmp)
     src, out = tmp / f"{stream}.npy", tmp / f"{stream}.out.npy"
     np.save(src, values)
     cmd = [sys.executable, "-m", "stream.cli", "replay", str(src), "--epsilon", str(TEMPLATE["epsilon"]),
            "--bound", str(TEMPLATE["bound"]), "--holdout", str(TEMPLATE["holdout"]),
            "--range", str(TEMPLATE["query_range"]), "--fanout", str(TEMPLATE["fanout"]),
-           "--key-file", str(key_file), "--identity", identity, "--stream", stream, "--out", str(out)]
+           "--key-file", str(key_file), "--identity", identity, "--stream", stream, "--out", str(out),
+           "--holdout-grid", grid]
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
     return np.load(out)
 
 
 def check_against_replay(releases: list[dict], values: np.ndarray, key_file: Path, stream: str, tmp: Path,
-                         identity: str | None = None) -> int:
+                         identity: str | None = None, grid: str = "exact") -> int:
     """Released ticks and values of ``stream`` equal the replay of ``values``; returns the number released."""
-    expected = replay(values, key_file, stream, tmp, identity)
+    expected = replay(values, key_file, stream, tmp, identity, grid)
     got = {r["tick"]: r["value"] for r in releases if r["stream"] == stream}
     want = {t: float(v) for t, v in enumerate(expected) if not np.isnan(v)}
     assert sorted(got) == sorted(want), f"stream {stream}: released ticks differ from replay"

@@ -183,16 +183,21 @@ def test_kill9_right_after_reconnect_never_counts_a_reading_without_seq_twice(mo
 
 @pytest.mark.network
 @pytest.mark.slow
-@pytest.mark.parametrize("fold_after", [100_000, 1], ids=["appended", "folded-after-every-checkpoint"])
-def test_kill9_cycles_release_the_same_as_an_uninterrupted_run(mosquitto, tmp_path: Path, fold_after: int) -> None:
+@pytest.mark.parametrize(("fold_after", "grid"), [(100_000, "exact"), (1, "exact"), (100_000, "compact")],
+                         ids=["appended", "folded-after-every-checkpoint", "holdouts-as-rows"])
+def test_kill9_cycles_release_the_same_as_an_uninterrupted_run(mosquitto, tmp_path: Path, fold_after: int,
+                                                               grid: str) -> None:
     """kill -9 at seeded random points while readings flow (QoS 1, persistent session): the union of the releases
-    of all runs equals `tops replay` on all readings, tick for tick, value for value; repeats are identical. Twice:
-    the states only appended, and folded into the rows after every checkpoint (the kills land in either)."""
+    of all runs equals `tops replay` on all readings, tick for tick, value for value; repeats are identical. Three
+    times: the states only appended, folded into the rows after every checkpoint (the kills land in either), and on
+    the compact grid, where the holdouts are rows of a columnar store (the kills land in the holdouts: restored into
+    rows, lent to the checkpoint's writer as rows)."""
     rng = np.random.default_rng(11)
     values = {s: rng.integers(0, 120, size=420).astype(float) for s in ("k1", "k2", "k3")}
     mport = free_port()
     cfg = daemon_config(tmp_path, mosquitto.port, mport, mqtt={"client_id": "tops-kill-test"},
-                        state={"checkpoint_interval": 0.4, "checkpoint_every": 150, "fold_after": fold_after})
+                        state={"checkpoint_interval": 0.4, "checkpoint_every": 150, "fold_after": fold_after},
+                        streams={"template": {"holdout_grid": grid}})
     sub = Subscriber(mosquitto.port, "dp/+")
     sub.wait_ready("dp/probe")
     feeder = Feeder(mosquitto.port, values, rate=60)  # 7 s of readings
@@ -233,7 +238,8 @@ def test_kill9_cycles_release_the_same_as_an_uninterrupted_run(mosquitto, tmp_pa
         k = (r["stream"], r["tick"])
         assert seen.setdefault(k, (r["value"], r["theta"])) == (r["value"], r["theta"]), k
     for s, v in values.items():
-        assert check_against_replay(releases, v, tmp_path / "master.key", s, tmp_path) == len(v) - TEMPLATE["holdout"]
+        assert check_against_replay(releases, v, tmp_path / "master.key", s, tmp_path,
+                                    grid=grid) == len(v) - TEMPLATE["holdout"]
     assert all("Traceback" not in x for x in logs)
     assert sum("journaled readings re-processed" in x for x in logs) == 6
     assert any("appended states folded" in x for x in logs) == (fold_after == 1)
