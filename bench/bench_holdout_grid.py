@@ -7,7 +7,8 @@ Accuracy: ToPS with ``holdout_grid = "exact"`` (the default: every value step up
 the code behind `tops compare`), on the streams of `bench/bench_accuracy.py` (DNS and retail extended to m + 2^20
 ticks, the second half of DNS, retail reversed, three `tops simulate` meters), prints the mean MSE of both, their
 ratio and the median theta. Memory: the heap of one ToPS operator in a holdout of m = 65,536 that has taken 1,000
-readings spread over [0, B) (B = 5,000; Python's tracemalloc over 300 operators, after a warm-up), for both grids.
+readings spread over [0, B) (B = 5,000; Python's tracemalloc over 300 operators, after a warm-up), for both grids,
+and the bytes of the row such a holdout is in the daemon with the compact grid (operators/columnar_holdout.py).
 Not a test: nothing here asserts.
 """
 
@@ -24,6 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from operators.columnar_holdout import ColumnarHoldout  # noqa: E402
 from operators.config import ToPSConfig  # noqa: E402
 from operators.tops import ToPS  # noqa: E402
 
@@ -62,6 +64,10 @@ def main() -> int:
         heap, cells = holdout_heap(grid)
         print(f"holdout_grid = {grid}: {cells:,} cells; one operator in a holdout of 65,536 after 1,000 readings "
               f"over [0, 5,000): {heap:,.0f} B of heap")
+    store = ColumnarHoldout(ToPSConfig(epsilon=1.0, bound=5000.0, holdout=65536, holdout_grid="compact"))
+    print(f"holdout_grid = compact, the holdout as a row of a columnar holdout (what `tops run` keeps): "
+          f"{store.row_nbytes():,} B a row ({store.cells} histogram cells, {len(store.widths)} widths x "
+          f"{len(store.caps)} caps of block statistics), whatever the readings")
     if args.memory_only:
         return 0
     from bench_accuracy import streams

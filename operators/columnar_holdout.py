@@ -81,6 +81,12 @@ class ColumnarHoldout:
         self.widths = np.asarray(model.widths if self.has_blocks else (), dtype=np.int64)
         self.caps = np.asarray(model.caps, dtype=np.int64)
         self._block_shape = (len(self.widths), len(self.caps))
+        # the narrowest integers that hold a row's numbers: a row never takes the holdout's last reading (its
+        # operator does), so a cell counts at most m - 1; a block's truncated sum is at most its width times the top
+        # cap (2^30 keeps their differences inside 32 bits too)
+        self._hist_type = np.uint16 if config.holdout_ticks - 1 <= np.iinfo(np.uint16).max else np.int32
+        top = int(self.widths.max(initial=0)) * int(self.caps.max(initial=0))
+        self._sum_type = np.int32 if top < 1 << 30 else np.int64
         self.rows = 0  # rows ever handed out (the high-water mark); freed ones are reused first
         self.capacity = 0
         self._free: list[int] = []
@@ -96,9 +102,9 @@ class ColumnarHoldout:
             setattr(self, name, new)
 
         w, c = self._block_shape
-        grow("hist", np.int32, (capacity, self.cells))
-        grow("partial", np.int64, (capacity, w, c))
-        grow("prev", np.int64, (capacity, w, c))
+        grow("hist", self._hist_type, (capacity, self.cells))
+        grow("partial", self._sum_type, (capacity, w, c))
+        grow("prev", self._sum_type, (capacity, w, c))
         grow("acc", np.float64, (capacity, w, c))
         grow("pairs", np.int64, (capacity, w))
         for name in _SCALARS:
@@ -109,7 +115,9 @@ class ColumnarHoldout:
     def row_nbytes(self) -> int:
         """Bytes of the columns per row: the whole holdout state of a stream."""
         w, c = self._block_shape
-        return 4 * self.cells + 8 * (3 * w * c + w + len(_SCALARS)) + _KEY_BYTES
+        sums = np.dtype(self._sum_type).itemsize
+        return (np.dtype(self._hist_type).itemsize * self.cells + (2 * sums + 8) * w * c + 8 * (w + len(_SCALARS))
+                + _KEY_BYTES)
 
     def __len__(self) -> int:
         """Rows in use."""
@@ -204,7 +212,7 @@ class ColumnarHoldout:
         row = self.hist[r]
         cells = np.flatnonzero(row)
         # a histogram's occupied cells only grow: ToPS turned it dense exactly when they first outnumbered this
-        op._hist = row.copy() if len(cells) > op._sparse_cells() else dict(
+        op._hist = row.astype(np.int32) if len(cells) > op._sparse_cells() else dict(
             zip(cells.tolist(), row[cells].tolist(), strict=True))
         op._blocks = op._new_blocks()
         blocks = op._blocks

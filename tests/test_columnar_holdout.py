@@ -195,3 +195,35 @@ def test_the_writer_gets_each_row_as_it_was_at_the_cut_while_rows_change_are_fre
         t.join()
         assert made == {n: wants[n] for n in lent}
     assert lent_total > 300
+
+
+def test_a_row_keeps_its_numbers_in_the_narrowest_types_that_hold_them() -> None:
+    """A row never takes its holdout's last reading, so with m = 65,536 a cell counts at most 65,535: 2 bytes. The
+    edge: one value 65,535 times fills its cell to the top, and the operator taken back chooses as the stream's own.
+    A holdout longer than that counts in 4 bytes, and block sums that could pass 2^30 (2^19 units x a width of
+    4,096) in 8."""
+    cfg = ToPSConfig(epsilon=1.0, bound=5000, holdout=65_536, query_range=1 << 16, fanout=16, holdout_grid="compact")
+    store = ColumnarHoldout(cfg)
+    assert store.hist.dtype == np.uint16 and store.partial.dtype == np.int32
+    own = ToPS(cfg, key_of("edge"))
+    r = store.add(ToPS(cfg, key_of("edge")))
+    values = np.full(cfg.holdout_ticks - 1, 7.0)
+    own.process(values)
+    store.process(np.full(values.size, r), values)
+    assert int(store.hist[r].max()) == 65_535
+    back = store.take(r)
+    assert back.snapshot() == own.snapshot()
+    rest = np.arange(300, dtype=float)
+    assert np.array_equal(back.process(rest), own.process(rest), equal_nan=True)
+    wide = ToPSConfig(epsilon=1.0, bound=1e9, resolution=1000.0, holdout=70_000, query_range=1 << 16, fanout=16,
+                      holdout_grid="compact")
+    store = ColumnarHoldout(wide)
+    assert store.hist.dtype == np.int32 and store.partial.dtype == np.int64
+    rng = np.random.default_rng(2)
+    own = ToPS(wide, key_of("wide"))
+    r = store.add(ToPS(wide, key_of("wide")))
+    values = rng.uniform(0, 1e9, 5000)
+    for v in values:
+        own.process_one(v)
+    store.process(np.full(values.size, r), values)
+    assert store.operator(r).snapshot() == own.snapshot()
