@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -456,20 +457,29 @@ class Router:
         groups: dict[int, tuple[ColumnarHoldout, list[StreamRecord]]] = {}
         for rec in self.dirty.values():
             op = rec.operator
-            if rec.pending and type(op) is HoldoutRow and len(rec.pending) < op.store.left(op.row):
+            if rec.pending and type(op) is HoldoutRow:
                 g = groups.get(id(op.store))
                 if g is None:
                     g = groups[id(op.store)] = (op.store, [])
                 g[1].append(rec)
         for store, recs in groups.values():
             t0 = time.perf_counter()
+            lengths = [len(rec.pending) for rec in recs]  # type: ignore[arg-type]
+            row_of = [rec.operator.row for rec in recs]
+            left = store.config.holdout_ticks - store.ticks[np.array(row_of, dtype=np.int64)]
+            if (ends := np.flatnonzero(np.array(lengths) >= left)).size:  # these end their holdout in this step
+                keep = np.ones(len(recs), dtype=bool)
+                keep[ends] = False
+                recs = list(compress(recs, keep.tolist()))
+                lengths = list(compress(lengths, keep.tolist()))
+                row_of = list(compress(row_of, keep.tolist()))
+                if not recs:
+                    continue
             for rec in recs:
                 lent = rec.lent
                 if lent is not None:  # a checkpoint's writer gets the state as it was at the cut, copied only now
                     rec.lent = None
                     lent[0].detach(lent[1])
-            lengths = [len(rec.pending) for rec in recs]  # type: ignore[arg-type]
-            row_of = [rec.operator.row for rec in recs]
             if len(recs) == sum(lengths):  # one reading each (the common step)
                 rows = np.array(row_of, dtype=np.int64)
                 values = np.array([rec.pending[0] for rec in recs], dtype=np.float64)  # type: ignore[index]

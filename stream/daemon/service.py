@@ -333,9 +333,10 @@ class Daemon:
         acknowledged with the others), the stream it touched is marked failed, the other streams go on."""
         now = time.time()
         one = self.on_mqtt_message
+        limit = self.cfg.input.max_payload_bytes  # once a batch (a section's attribute costs about a microsecond)
         for m in messages:
             try:
-                one(m, now)
+                one(m, now, limit)
             except OSError:  # the journal's disk: what a full disk does is decided there
                 raise
             except Exception as exc:
@@ -362,13 +363,13 @@ class Daemon:
         if self.heap is not None:  # after each batch too: the accounting loop waits while a long batch runs
             self.heap.tick()
 
-    def on_mqtt_message(self, m: Any, now: float) -> None:
-        """One MQTT message: size, topic, decoding, stream, then its readings into the router."""
+    def on_mqtt_message(self, m: Any, now: float, limit: int) -> None:
+        """One MQTT message: size (``limit``: ``[input] max_payload_bytes``), topic, decoding, stream, then its
+        readings into the router."""
         counts, router = self.msg_counts, self.router
         payload = m.payload
         if not isinstance(payload, bytes | bytearray):
             payload = b"" if payload is None else str(payload).encode()
-        limit = self.cfg.input.max_payload_bytes
         if len(payload) > limit:
             counts["too_large"] += 1
             self.rejected("too_large", f"payload larger than max_payload_bytes = {limit}")
@@ -459,18 +460,20 @@ class Daemon:
         """Decode, validate and route stdin lines (a line is one message), then process and emit. As with MQTT, a
         line whose handling raises is counted ``failed`` and the stream it touched is marked failed."""
         now = time.time()
+        # read once a batch: a configuration section's attribute costs about a microsecond (its __getattr__)
+        limit, default = self.cfg.input.max_payload_bytes, self.cfg.input.default_stream
         for line in lines:
             try:
-                self.on_line(line, now)
+                self.on_line(line, now, limit, default)
             except OSError:
                 raise
             except Exception as exc:
                 self.message_failed(exc, "stdin line")
         self.safe_step()
 
-    def on_line(self, line: bytes, now: float) -> None:
+    def on_line(self, line: bytes, now: float, limit: int, default: str | None) -> None:
+        """One stdin line (``limit``: ``[input] max_payload_bytes``; ``default``: ``[input] default_stream``)."""
         counts, router = self.msg_counts, self.router
-        limit = self.cfg.input.max_payload_bytes
         if line == OVERLONG_LINE or len(line) > limit:  # the reader cut a line longer than the limit
             counts["too_large"] += 1
             self.rejected("too_large", f"line longer than max_payload_bytes = {limit}", "stdin line")
@@ -487,7 +490,7 @@ class Daemon:
             return
         if bad:
             router.counts["invalid"] += bad
-        default, failed = self.cfg.input.default_stream, 0
+        failed = 0
         for name, value, ts, seq in readings:
             rec = self.stream_record(name or default, now)
             if rec is None:
