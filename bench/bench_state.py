@@ -1,13 +1,14 @@
 """Checkpoint cost of durable state with 10,000 streams, and how long a checkpoint stalls intake; prints figures.
 
-Run: ``python bench/bench_state.py [--streams N]``. The daemon runs in this process (stdin source, stdout sink to
-/dev/null, durable state in a temporary directory on the same disk as the project). Three checkpoints are timed
-with every stream changed: all streams in their holdout (the holdout histogram is stored), all releasing, and an
-incremental one where 1% of the streams changed (these three all in the event loop, as at the start). Then readings
-flow for a few seconds over all streams with a checkpoint every second (the running daemon's checkpoints: their cut in
-the event loop, their write in a worker thread); the stall is the longest gap between two processing steps, once with
-nothing frozen after the start and once with the live objects frozen every 0.5 s (``stream/daemon/heap.py``, as `tops
-run` does); the garbage collector's full passes are counted and timed.
+Run: ``python bench/bench_state.py [--streams N] [--grid exact|compact]``. The daemon runs in this process (stdin
+source, stdout sink to /dev/null, durable state in a temporary directory on the same disk as the project). Three
+checkpoints are timed with every stream changed: all streams in their holdout (the holdout histogram is stored), all
+releasing, and an incremental one where 1% of the streams changed (these three all in the event loop, as at the
+start). Then readings flow for a few seconds over all streams with a checkpoint every second (the running daemon's
+checkpoints: their cut in the event loop, their write in a worker thread); the stall is the longest gap between two
+processing steps, once with nothing frozen after the start and once with the live objects frozen every 0.5 s
+(``stream/daemon/heap.py``, as `tops run` does); the garbage collector's full passes are counted and timed. With
+``--grid compact`` the holdouts are rows of a columnar holdout (operators/columnar_holdout.py).
 """
 
 from __future__ import annotations
@@ -163,7 +164,10 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=10_000)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--rate", type=int, default=20_000)
+    ap.add_argument("--grid", choices=("exact", "compact"), default="exact",
+                    help="the template's holdout_grid (compact: the holdouts are rows of a columnar holdout)")
     args = ap.parse_args()
+    TEMPLATE["holdout_grid"] = args.grid
     print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}")
     settle_heap()  # as `tops run` does before its daemon starts
     with tempfile.TemporaryDirectory(prefix="tops-bench-state-", dir=ROOT) as t:
