@@ -165,7 +165,8 @@ def test_stdin_lines() -> None:
     assert decode_line(b'{"stream": "m2", "value": 1, "seq": 0}') == ([("m2", 1.0, None, 0)], 0)
     assert decode_line(b"") == ([], 0)
     assert decode_line(b"m,-1") == ([("m", -1.0, None, None)], 0)  # clamped by the operator, never dropped
-    for bad in (b"a/b,1", b"m,nan", b"m,x", b"a,b,c,d", b'{"stream": "a+b", "value": 1}', b'{"stream": 5, "value": 1}'):
+    for bad in (b"a/b,1", b"a#b,1", b"m,nan", b"m,x", b"a,b,c,d", b'{"stream": "a+b", "value": 1}',
+                b'{"stream": 5, "value": 1}'):
         with pytest.raises(PayloadError):
             decode_line(bad)
 

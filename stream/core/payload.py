@@ -41,7 +41,6 @@ TS_MIN = 0.0
 TS_MAX = 4_102_444_800.0  # 2100-01-01T00:00:00Z
 SEQ_LIMIT = 1 << 63  # seq is a non-negative 63-bit integer (it is stored as SQLite INTEGER and compared as one)
 _MAX_NAME = 128
-_FORBIDDEN = frozenset("/+#")
 
 
 def check_stream_name(name: Any) -> str:
@@ -49,7 +48,7 @@ def check_stream_name(name: Any) -> str:
     if not isinstance(name, str) or not 0 < len(name) <= _MAX_NAME or not name.isprintable():
         msg = "stream name must be 1-128 printable characters"
         raise PayloadError(msg)
-    if _FORBIDDEN.intersection(name):
+    if "/" in name or "+" in name or "#" in name:  # three scans in C (a set made per reading cost more)
         msg = "stream name must not contain '/', '+' or '#'"
         raise PayloadError(msg)
     return name
