@@ -227,3 +227,36 @@ def test_a_row_keeps_its_numbers_in_the_narrowest_types_that_hold_them() -> None
         own.process_one(v)
     store.process(np.full(values.size, r), values)
     assert store.operator(r).snapshot() == own.snapshot()
+
+
+def test_periods_close_into_rows_and_release_what_each_stream_releases_alone() -> None:
+    """With periods (one tick per period, sums), closing many periods at once hands a row a batch of period sums,
+    often across the end of its holdout: the same releases as the stream's own operator on the same sums."""
+    from stream.core.ticking import PeriodClock
+
+    cfg = ToPSConfig(epsilon=1.0, bound=100, holdout=40, query_range=256, fanout=4, holdout_grid="compact")
+    rng = np.random.default_rng(4)
+    router = Router(lambda n: ToPS(cfg, key_of(n)), 100, clock=PeriodClock(1.0), aggregate="sum", event_time=True)
+    router.use_columns()
+    names = [f"p{i}" for i in range(6)]
+    sums: dict[str, list[float]] = {n: [] for n in names}
+    got: dict[str, dict[int, float]] = {n: {} for n in names}
+    for n in names:
+        router.record(n, 0.0)
+    assert all(type(router.streams[n].operator) is HoldoutRow for n in names)
+    t = 0
+    while t < 200:
+        step = int(rng.integers(1, 15))  # periods closed together
+        for k in range(t, t + step):
+            for n in names:
+                v = float(rng.integers(0, 60))
+                sums[n].append(v)
+                assert router.add(router.streams[n], v, k + 0.5, None, k + 0.5) == "ok"
+        t += step
+        for b in router.close_periods(t + 0.0):
+            got[b.record.name].update(zip(b.ticks, b.values, strict=True))
+    for n in names:
+        k = len(got[n]) + cfg.holdout
+        alone = ToPS(cfg, key_of(n)).process(np.asarray(sums[n][:k]))
+        assert got[n] == {i: float(x) for i, x in enumerate(alone) if not np.isnan(x)}, n
+        assert type(router.streams[n].operator) is not HoldoutRow
