@@ -42,7 +42,7 @@ from operators.noise import DiscreteLaplace, KeyedGenerator
 from operators.smoother import SmootherState
 from operators.tops import _SNAPSHOT_VERSION, ToPS
 
-__all__ = ["ColumnarRelease", "RowOperator", "columnar_eligible"]
+__all__ = ["ColumnarRelease", "RowOperator", "RowStore", "RowView", "checked_batch", "columnar_eligible"]
 
 _INT_COLUMNS = ("theta", "width", "pos", "leaf_sum", "ticks", "clamped", "bound_units", "head", "avail", "drawn")
 _FLOAT_COLUMNS = ("pred", "bound", "resolution", "u0")
@@ -55,7 +55,67 @@ def columnar_eligible(op: Any) -> bool:
             and op.config.lower == 0)
 
 
-class ColumnarRelease:
+def checked_batch(rows: Any, values: Any, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """A batch of ``(row, value)`` pairs for a columnar store of ``n_rows`` rows, as contiguous int64 rows and float64
+    values; ``ValueError`` unless both are 1-D of one length, every row is below ``n_rows`` and every value finite."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    if rows.shape != values.shape or rows.ndim != 1:
+        msg = "rows and values must be 1-D arrays of one length"
+        raise ValueError(msg)
+    if rows.size and (rows.min() < 0 or rows.max() >= n_rows):
+        msg = "unknown row"
+        raise ValueError(msg)
+    if values.size and not np.isfinite(values).all():
+        msg = "readings must be finite numbers"
+        raise ValueError(msg)
+    return rows, values
+
+
+class RowStore:
+    """Rows of arrays handed out and given back (freed rows first), growing by doubling: what the columnar stores
+    share. A subclass lists its columns in :meth:`_columns` (name, dtype, the shape of one row's part) and frees a
+    row with :meth:`_give_back`."""
+
+    def __init__(self, capacity: int) -> None:
+        self.rows = 0  # rows ever handed out (the high-water mark); freed ones are reused first
+        self.capacity = 0
+        self._free: list[int] = []
+        self._alloc(capacity)
+
+    def _columns(self) -> list[tuple[str, Any, tuple[int, ...]]]:
+        raise NotImplementedError
+
+    def _alloc(self, capacity: int) -> None:
+        """Room for ``capacity`` rows: each column copied into a new array, one column at a time (a column's old
+        array is freed before the next grows)."""
+        old = self.capacity
+        for name, dtype, shape in self._columns():
+            new = np.zeros((capacity, *shape), dtype=dtype)
+            if old:
+                new[:old] = getattr(self, name)
+            setattr(self, name, new)
+        self.capacity = capacity
+
+    def __len__(self) -> int:
+        """Rows in use."""
+        return self.rows - len(self._free)
+
+    def _new_row(self) -> int:
+        """A free row (the store grows when full)."""
+        if self._free:
+            return self._free.pop()
+        if self.rows == self.capacity:
+            self._alloc(2 * self.capacity)
+        self.rows += 1
+        return self.rows - 1
+
+    def _give_back(self, r: int) -> None:
+        self.key[r] = 0  # type: ignore[attr-defined]
+        self._free.append(r)
+
+
+class ColumnarRelease(RowStore):
     """Releasing ToPS streams as rows of arrays; :meth:`process` releases a batch of readings of any of them."""
 
     def __init__(self, capacity: int = 1024, *, ahead: int = 16) -> None:
@@ -63,39 +123,18 @@ class ColumnarRelease:
             msg = "capacity and ahead must be at least 1"
             raise ValueError(msg)
         self.ahead = ahead
-        self.rows = 0  # rows ever handed out (the high-water mark); freed ones are reused first
-        self.capacity = 0
         self.configs: list[ToPSConfig] = []
         self._config_index: dict[ToPSConfig, int] = {}
-        self._free: list[int] = []
-        self._alloc(capacity)
+        super().__init__(capacity)
 
-    def _alloc(self, capacity: int) -> None:
-        old = self.capacity
-
-        def grow(name: str, dtype: Any, shape: tuple[int, ...]) -> None:
-            new = np.zeros(shape, dtype=dtype)
-            if old:
-                new[:old] = getattr(self, name)
-            setattr(self, name, new)
-
-        for name in _INT_COLUMNS:
-            grow(name, np.int64, (capacity,))
-        for name in _FLOAT_COLUMNS:
-            grow(name, np.float64, (capacity,))
-        grow("layers_kept", np.int16, (capacity,))  # s, the smoother's layers (the tree keeps h - s)
-        grow("config", np.int32, (capacity,))
-        grow("key", np.uint8, (capacity, _KEY_BYTES))
-        grow("noise", np.float64, (capacity, self.ahead))
-        self.capacity = capacity
+    def _columns(self) -> list[tuple[str, Any, tuple[int, ...]]]:
+        return [*((name, np.int64, ()) for name in _INT_COLUMNS), *((name, np.float64, ()) for name in _FLOAT_COLUMNS),
+                ("layers_kept", np.int16, ()),  # s, the smoother's layers (the tree keeps h - s)
+                ("config", np.int32, ()), ("key", np.uint8, (_KEY_BYTES,)), ("noise", np.float64, (self.ahead,))]
 
     def row_nbytes(self) -> int:
         """Bytes of the columns per row: the whole state of a releasing stream."""
         return 8 * (len(_INT_COLUMNS) + len(_FLOAT_COLUMNS) + self.ahead) + 2 + 4 + _KEY_BYTES
-
-    def __len__(self) -> int:
-        """Rows in use."""
-        return self.rows - len(self._free)
 
     def add(self, op: ToPS) -> int:
         """Make a releasing ToPS stream a row; from then on its readings go through this store (``op`` is no longer
@@ -136,13 +175,7 @@ class ColumnarRelease:
              bound_units: int, drawn: int) -> int:
         """Write a releasing stream into a free row (the store grows when full); its noise is drawn at its first
         refill (``drawn``: the leaves its walk has produced)."""
-        if self._free:
-            r = self._free.pop()
-        else:
-            if self.rows == self.capacity:
-                self._alloc(2 * self.capacity)
-            r = self.rows
-            self.rows += 1
+        r = self._new_row()
         ci = self._config_index.get(cfg)
         if ci is None:
             ci = self._config_index[cfg] = len(self.configs)
@@ -167,9 +200,8 @@ class ColumnarRelease:
 
     def release(self, r: int) -> None:
         """Free row ``r`` (its stream left memory); its key is wiped."""
-        self.key[r] = 0
         self.avail[r] = self.head[r] = 0
-        self._free.append(r)
+        self._give_back(r)
 
     def _walk(self, r: int, leaves: int) -> ConsistentNoise:
         """Row ``r``'s noise walk positioned after ``leaves`` leaves (its tree's top regenerated from the key)."""
@@ -202,17 +234,7 @@ class ColumnarRelease:
         from operators._columnar_kernel import release_batch
 
         if not checked:
-            rows = np.ascontiguousarray(rows, dtype=np.int64)
-            values = np.ascontiguousarray(values, dtype=np.float64)
-            if rows.shape != values.shape or rows.ndim != 1:
-                msg = "rows and values must be 1-D arrays of one length"
-                raise ValueError(msg)
-            if rows.size and (rows.min() < 0 or rows.max() >= self.rows):
-                msg = "unknown row"
-                raise ValueError(msg)
-            if values.size and not np.isfinite(values).all():
-                msg = "readings must be finite numbers"
-                raise ValueError(msg)
+            rows, values = checked_batch(rows, values, self.rows)
         out = np.empty(rows.size, dtype=np.float64)
         i = 0
         while i < rows.size:
@@ -274,17 +296,55 @@ class ColumnarRelease:
         return ToPS.restore(self.configs[int(self.config[r])], self.key[r].tobytes(), self.snapshot(r))
 
 
-class RowOperator:
+class RowView:
+    """A row of a columnar store seen as a ToPS operator: what :class:`RowOperator` (a releasing row) and
+    :class:`operators.columnar_holdout.HoldoutRow` (a row in its holdout) share. ``pool`` is the store, ``row`` the
+    row's index; a subclass gives ``process`` and the operator's public state."""
+
+    __slots__ = ("pool", "row")
+
+    def __init__(self, pool: Any, row: int) -> None:
+        self.pool = pool
+        self.row = row
+
+    def __reduce__(self):  # a row's key must not be pickled into a checkpoint by accident
+        msg = f"{type(self).__name__} holds a secret and is not picklable"
+        raise TypeError(msg)
+
+    @property
+    def ticks(self) -> int:
+        return int(self.pool.ticks[self.row])
+
+    @property
+    def clamped(self) -> int:
+        return int(self.pool.clamped[self.row])
+
+    def process(self, values: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def process_one(self, value: float) -> float:
+        return float(self.process(np.array([float(value)]))[0])
+
+    def state_nbytes(self) -> int:
+        return self.pool.row_nbytes()
+
+    @classmethod
+    def restore(cls, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> ToPS:
+        """A ToPS object from a snapshot (rows are made from ToPS objects by the store that holds them)."""
+        return ToPS.restore(config, key, snapshot)
+
+    def free(self) -> None:
+        """Give the row back to its store (the stream left memory)."""
+        self.pool.release(self.row)
+
+
+class RowOperator(RowView):
     """A row of a :class:`ColumnarRelease` seen as a releasing ToPS operator: ``process``, ``process_one``,
     ``snapshot`` and the public state the daemon reads (``phase``, ``theta``, ``config``, ...)."""
 
-    __slots__ = ("pool", "row")
+    __slots__ = ()
     phase = "releasing"
     holdout_left = 0
-
-    def __init__(self, pool: ColumnarRelease, row: int) -> None:
-        self.pool = pool
-        self.row = row
 
     def __repr__(self) -> str:
         return f"RowOperator(row={self.row}, theta={self.theta!r}, key=<secret>)"
@@ -307,32 +367,9 @@ class RowOperator:
     def smoother_layers(self) -> int:
         return int(self.pool.layers_kept[self.row])
 
-    @property
-    def ticks(self) -> int:
-        return int(self.pool.ticks[self.row])
-
-    @property
-    def clamped(self) -> int:
-        return int(self.pool.clamped[self.row])
-
     def process(self, values: Any) -> np.ndarray:
         v = np.asarray(values, dtype=np.float64).reshape(-1)
         return self.pool.process(np.full(v.size, self.row, dtype=np.int64), v)
 
-    def process_one(self, value: float) -> float:
-        return float(self.process(np.array([float(value)]))[0])
-
     def snapshot(self) -> dict[str, Any]:
         return self.pool.snapshot(self.row)
-
-    def state_nbytes(self) -> int:
-        return self.pool.row_nbytes()
-
-    @classmethod
-    def restore(cls, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> ToPS:
-        """A ToPS object from a snapshot (rows are made from ToPS objects by the pool that holds them)."""
-        return ToPS.restore(config, key, snapshot)
-
-    def free(self) -> None:
-        """Give the row back to its pool (the stream left memory)."""
-        self.pool.release(self.row)

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from operators.columnar import RowStore, RowView, checked_batch
 from operators.config import ToPSConfig
 from operators.noise import KeyedGenerator
 from operators.selection import BlockStats
@@ -60,7 +61,7 @@ def holdout_eligible(op: Any) -> bool:
             and op.config.lower == 0)
 
 
-class ColumnarHoldout:
+class ColumnarHoldout(RowStore):
     """The holdouts of ToPS streams of one configuration as rows of arrays; :meth:`process` counts a batch of readings
     of any of them. The caller keeps every row's readings inside its holdout: the reading that ends it belongs to the
     stream's operator (:meth:`take`), which makes the choice."""
@@ -87,30 +88,13 @@ class ColumnarHoldout:
         self._hist_type = np.uint16 if config.holdout_ticks - 1 <= np.iinfo(np.uint16).max else np.int32
         top = int(self.widths.max(initial=0)) * int(self.caps.max(initial=0))
         self._sum_type = np.int32 if top < 1 << 30 else np.int64
-        self.rows = 0  # rows ever handed out (the high-water mark); freed ones are reused first
-        self.capacity = 0
-        self._free: list[int] = []
-        self._alloc(capacity)
+        super().__init__(capacity)
 
-    def _alloc(self, capacity: int) -> None:
-        old = self.capacity
-
-        def grow(name: str, dtype: Any, shape: tuple[int, ...]) -> None:
-            new = np.zeros(shape, dtype=dtype)
-            if old:
-                new[:old] = getattr(self, name)
-            setattr(self, name, new)
-
+    def _columns(self) -> list[tuple[str, Any, tuple[int, ...]]]:
         w, c = self._block_shape
-        grow("hist", self._hist_type, (capacity, self.cells))
-        grow("partial", self._sum_type, (capacity, w, c))
-        grow("prev", self._sum_type, (capacity, w, c))
-        grow("acc", np.float64, (capacity, w, c))
-        grow("pairs", np.int64, (capacity, w))
-        for name in _SCALARS:
-            grow(name, np.int64, (capacity,))
-        grow("key", np.uint8, (capacity, _KEY_BYTES))
-        self.capacity = capacity
+        return [("hist", self._hist_type, (self.cells,)), ("partial", self._sum_type, (w, c)),
+                ("prev", self._sum_type, (w, c)), ("acc", np.float64, (w, c)), ("pairs", np.int64, (w,)),
+                *((name, np.int64, ()) for name in _SCALARS), ("key", np.uint8, (_KEY_BYTES,))]
 
     def row_nbytes(self) -> int:
         """Bytes of the columns per row: the whole holdout state of a stream."""
@@ -119,10 +103,6 @@ class ColumnarHoldout:
         return (np.dtype(self._hist_type).itemsize * self.cells + (2 * sums + 8) * w * c + 8 * (w + len(_SCALARS))
                 + _KEY_BYTES)
 
-    def __len__(self) -> int:
-        """Rows in use."""
-        return self.rows - len(self._free)
-
     def add(self, op: ToPS) -> int:
         """Make a ToPS stream in its holdout a row (its state moves into the row; ``op`` is no longer needed:
         :meth:`operator` gives an object continuing the row)."""
@@ -130,13 +110,7 @@ class ColumnarHoldout:
             msg = "only a ToPS stream of this configuration, in its holdout, becomes a row"
             raise ValueError(msg)
         op._flush()  # the block statistics take the pending readings (exact however batched)
-        if self._free:
-            r = self._free.pop()
-        else:
-            if self.rows == self.capacity:
-                self._alloc(2 * self.capacity)
-            r = self.rows
-            self.rows += 1
+        r = self._new_row()
         hist = op._hist
         self.hist[r] = 0
         if isinstance(hist, dict):
@@ -161,8 +135,7 @@ class ColumnarHoldout:
 
     def release(self, r: int) -> None:
         """Free row ``r`` (its stream left memory, or took its operator back); its key is wiped."""
-        self.key[r] = 0
-        self._free.append(r)
+        self._give_back(r)
 
     def left(self, r: int) -> int:
         """Readings row ``r`` still takes before its holdout ends."""
@@ -175,17 +148,7 @@ class ColumnarHoldout:
         from operators._holdout_kernel import holdout_batch
 
         if not checked:
-            rows = np.ascontiguousarray(rows, dtype=np.int64)
-            values = np.ascontiguousarray(values, dtype=np.float64)
-            if rows.shape != values.shape or rows.ndim != 1:
-                msg = "rows and values must be 1-D arrays of one length"
-                raise ValueError(msg)
-            if rows.size and (rows.min() < 0 or rows.max() >= self.rows):
-                msg = "unknown row"
-                raise ValueError(msg)
-            if values.size and not np.isfinite(values).all():
-                msg = "readings must be finite numbers"
-                raise ValueError(msg)
+            rows, values = checked_batch(rows, values, self.rows)
             used, n = np.unique(rows, return_counts=True)
             if used.size and (self.ticks[used] + n >= self.config.holdout_ticks).any():
                 msg = "a row's holdout would end here: its operator (take) makes the choice"
@@ -232,70 +195,40 @@ class ColumnarHoldout:
         return op
 
 
-class HoldoutRow:
+class HoldoutRow(RowView):
     """A row of a :class:`ColumnarHoldout` seen as a ToPS operator in its holdout: the public state the daemon reads
     (``phase``, ``holdout_left``, ``ticks``, ``config``, ...), ``snapshot`` (the stream's own operator's), ``frozen``
     (a copy, for a checkpoint taken later) and ``process`` of readings inside the holdout. The reading that ends the
     holdout goes to the operator :meth:`ColumnarHoldout.take` gives back (the daemon's router does so)."""
 
-    __slots__ = ("row", "store")
+    __slots__ = ()
+    pool: ColumnarHoldout
     phase = "holdout"
     theta = None
     theta_units = None
     smoother_layers = None
     start_units = None
 
-    def __init__(self, store: ColumnarHoldout, row: int) -> None:
-        self.store = store
-        self.row = row
-
     def __repr__(self) -> str:
         return f"HoldoutRow(row={self.row}, key=<secret>)"
 
-    def __reduce__(self):  # a row's key must not be pickled into a checkpoint by accident
-        msg = "HoldoutRow holds a secret and is not picklable"
-        raise TypeError(msg)
-
     @property
     def config(self) -> ToPSConfig:
-        return self.store.config
-
-    @property
-    def ticks(self) -> int:
-        return int(self.store.ticks[self.row])
-
-    @property
-    def clamped(self) -> int:
-        return int(self.store.clamped[self.row])
+        return self.pool.config
 
     @property
     def holdout_left(self) -> int:
-        return self.store.left(self.row)
+        return self.pool.left(self.row)
 
     def process(self, values: Any) -> np.ndarray:
         """NaN for every reading (holdout ticks are never released); all of them must fall inside the holdout."""
         v = np.asarray(values, dtype=np.float64).reshape(-1)
-        self.store.process(np.full(v.size, self.row, dtype=np.int64), v)
+        self.pool.process(np.full(v.size, self.row, dtype=np.int64), v)
         return np.full(v.size, np.nan)
 
-    def process_one(self, value: float) -> float:
-        return float(self.process(np.array([float(value)]))[0])
-
     def snapshot(self, *, stored: bool = False) -> dict[str, Any]:
-        return self.store.operator(self.row).snapshot(stored=stored)
+        return self.pool.operator(self.row).snapshot(stored=stored)
 
     def frozen(self) -> ToPS:
         """The stream's state as it is now, as its own operator (a copy: the row goes on)."""
-        return self.store.operator(self.row)
-
-    def state_nbytes(self) -> int:
-        return self.store.row_nbytes()
-
-    @classmethod
-    def restore(cls, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> ToPS:
-        """A ToPS object from a snapshot (rows are made from ToPS objects by the store that holds them)."""
-        return ToPS.restore(config, key, snapshot)
-
-    def free(self) -> None:
-        """Give the row back to its store (the stream left memory)."""
-        self.store.release(self.row)
+        return self.pool.operator(self.row)

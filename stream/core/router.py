@@ -373,12 +373,12 @@ class Router:
         n = len(values)
         if type(op) is HoldoutRow:
             if n < op.holdout_left:  # inside the holdout: counted in the row (no release)
-                op.store.process(np.full(n, op.row, dtype=np.int64), np.asarray(values, dtype=np.float64),
+                op.pool.process(np.full(n, op.row, dtype=np.int64), np.asarray(values, dtype=np.float64),
                                  checked=True)
                 self._holdout_taken(rec, n)
                 self.latencies.append(time.perf_counter() - t0)
                 return None
-            rec.operator = op = op.store.take(op.row)  # the holdout ends here: the stream's operator chooses
+            rec.operator = op = op.pool.take(op.row)  # the holdout ends here: the stream's operator chooses
         if getattr(op, "takes_categories", False):  # one histogram release per period
             out = op.process(values)
             first = rec.ticks
@@ -458,9 +458,9 @@ class Router:
         for rec in self.dirty.values():
             op = rec.operator
             if rec.pending and type(op) is HoldoutRow:
-                g = groups.get(id(op.store))
+                g = groups.get(id(op.pool))
                 if g is None:
-                    g = groups[id(op.store)] = (op.store, [])
+                    g = groups[id(op.pool)] = (op.pool, [])
                 g[1].append(rec)
         for store, recs in groups.values():
             t0 = time.perf_counter()
