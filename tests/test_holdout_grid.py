@@ -136,9 +136,12 @@ def test_a_short_holdout_keeps_no_pending_readings_and_the_same_state(grid: str)
 def test_the_daemon_and_replay_run_the_compact_grid_alike(tmp_path) -> None:
     """`tops run --holdout-grid compact` on stdin and `tops replay --holdout-grid compact` with the same key file
     release the same values, bit for bit, for readings spread over [1000, B) (theta among the geometric cells); a
-    replay on the exact grid releases others (the flag is not ignored)."""
+    replay on the exact grid releases others (the flag is not ignored). The same on the exact grid. The lines go in
+    small pieces once the daemon has started, as readings come: a holdout takes many processing steps (on the compact
+    grid, as a row of a columnar holdout)."""
     import subprocess
     import sys
+    import time
     from pathlib import Path
 
     from tests.conftest import identity_from_log
@@ -149,21 +152,34 @@ def test_the_daemon_and_replay_run_the_compact_grid_alike(tmp_path) -> None:
     values = {name: rng.integers(1000, 5000, 1200).astype(float) for name in ("m1", "m2")}
     lines = "".join(f"{name},{v:g}\n" for i in range(1200) for name, vals in values.items() for v in [vals[i]])
     key = tmp_path / "master.key"
-    run = subprocess.run([sys.executable, "-m", "stream.cli", "run", *params, "--holdout-grid", "compact",
-                          "--key-file", str(key)], input=lines.encode(), cwd=root, capture_output=True, check=True,
-                         timeout=120)
-    releases = [json.loads(x) for x in run.stdout.splitlines()]
-    identity = identity_from_log(run.stderr.decode())
-    for name, vals in values.items():
-        src = tmp_path / f"{name}.npy"
-        np.save(src, vals)
-        outs = {}
-        for grid in ("compact", "exact"):
-            out = tmp_path / f"{name}.{grid}.npy"
-            subprocess.run([sys.executable, "-m", "stream.cli", "replay", str(src), *params, "--holdout-grid", grid,
-                            "--key-file", str(key), "--identity", identity, "--stream", name, "--out", str(out)],
-                           cwd=root, check=True, capture_output=True, timeout=120)
-            outs[grid] = {t: float(v) for t, v in enumerate(np.load(out)) if not np.isnan(v)}
-        got = {r["tick"]: r["value"] for r in releases if r["stream"] == name}
-        assert len(got) == 200 and got == outs["compact"]
-        assert outs["exact"] != outs["compact"]
+    for grid in ("compact", "exact"):
+        proc = subprocess.Popen([sys.executable, "-m", "stream.cli", "run", *params, "--holdout-grid", grid,
+                                 "--key-file", str(key)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=root)
+        assert proc.stderr is not None and proc.stdin is not None
+        head = []
+        while not any(b"started" in x for x in head):  # its input is read from here on: no backlog in the pipe
+            head.append(proc.stderr.readline())
+            assert head[-1], b"".join(head)
+        feed = lines.encode().splitlines(keepends=True)
+        for at in range(0, len(feed), 40):  # in small pieces, as readings come: a holdout takes many steps
+            proc.stdin.write(b"".join(feed[at : at + 40]))
+            proc.stdin.flush()
+            time.sleep(0.005)
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        releases = [json.loads(x) for x in stdout.splitlines()]
+        identity = identity_from_log((b"".join(head) + stderr).decode())
+        for name, vals in values.items():
+            src = tmp_path / f"{name}.npy"
+            np.save(src, vals)
+            outs = {}
+            for replay_grid in ("compact", "exact"):
+                out = tmp_path / f"{name}.{replay_grid}.npy"
+                subprocess.run([sys.executable, "-m", "stream.cli", "replay", str(src), *params, "--holdout-grid",
+                                replay_grid, "--key-file", str(key), "--identity", identity, "--stream", name,
+                                "--out", str(out)], cwd=root, check=True, capture_output=True, timeout=120)
+                outs[replay_grid] = {t: float(v) for t, v in enumerate(np.load(out)) if not np.isnan(v)}
+            got = {r["tick"]: r["value"] for r in releases if r["stream"] == name}
+            assert len(got) == 200 and got == outs[grid], grid
+            assert outs["exact"] != outs["compact"]
