@@ -110,15 +110,21 @@ class ColumnarHoldout(RowStore):
             msg = "only a ToPS stream of this configuration, in its holdout, becomes a row"
             raise ValueError(msg)
         op._flush()  # the block statistics take the pending readings (exact however batched)
+        hist, blocks = op._hist, op._blocks
+        # the narrow types hold whatever a holdout can count; a stored state that counts more (a corrupt or forged
+        # store: ToPS keeps such numbers as they are) would wrap around in a row: it stays an operator
+        top = max(hist.values(), default=0) if isinstance(hist, dict) else int(hist.max())
+        sums = 0 if blocks is None or not blocks.widths else int(max(abs(blocks.partial).max(), abs(blocks.prev).max()))
+        if top > np.iinfo(self._hist_type).max or sums > np.iinfo(self._sum_type).max:
+            msg = "the stream's holdout counts more than a row holds"
+            raise ValueError(msg)
         r = self._new_row()
-        hist = op._hist
         self.hist[r] = 0
         if isinstance(hist, dict):
             for cell, n in hist.items():
                 self.hist[r, cell] = n
         else:
             self.hist[r] = hist
-        blocks = op._blocks
         if blocks is not None and blocks.widths:
             self.partial[r] = blocks.partial
             self.prev[r] = blocks.prev

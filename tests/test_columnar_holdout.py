@@ -260,3 +260,27 @@ def test_periods_close_into_rows_and_release_what_each_stream_releases_alone() -
         alone = ToPS(cfg, key_of(n)).process(np.asarray(sums[n][:k]))
         assert got[n] == {i: float(x) for i, x in enumerate(alone) if not np.isnan(x)}, n
         assert type(router.streams[n].operator) is not HoldoutRow
+
+
+def test_a_stored_holdout_counting_more_than_a_row_holds_stays_an_operator() -> None:
+    """The attack: a stored state (a corrupt or forged store) whose histogram counts 70,000 readings in one cell of a
+    holdout of 1,000. ToPS keeps such numbers as they are; in a row's 2-byte cells they would wrap around silently.
+    The row is refused, the router keeps the stream's operator, and its choice is the operator's."""
+    cfg = ToPSConfig(epsilon=1.0, bound=5000, holdout=1000, query_range=256, fanout=4, holdout_grid="compact")
+    op = ToPS(cfg, key_of("forged"))
+    op.process(np.arange(100, dtype=float))
+    snap = op.snapshot()
+    snap["holdout_histogram"] = {"cells": 204, "index": [5], "count": [70_000]}
+    forged = ToPS.restore(cfg, key_of("forged"), snap)
+    with pytest.raises(ValueError, match="more than a row holds"):
+        ColumnarHoldout(cfg).add(ToPS.restore(cfg, key_of("forged"), snap))
+    router = Router(lambda n: ToPS.restore(cfg, key_of(n), snap), 10)
+    router.use_columns()
+    rec = router.record("forged")
+    assert type(rec.operator) is ToPS
+    rest = np.full(1000, 40.0)
+    for v in rest:
+        router.add(rec, float(v), None, None, 0.0)
+    got = {t: v for b in router.flush() for t, v in zip(b.ticks, b.values, strict=True)}
+    alone = forged.process(rest)
+    assert got and got == {i: float(x) for i, x in enumerate(alone) if not np.isnan(x)}  # (the router counts from 0)

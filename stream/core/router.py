@@ -148,7 +148,10 @@ class Router:
             store = self.holdouts.get(op.config)
             if store is None:
                 store = self.holdouts[op.config] = ColumnarHoldout(op.config)
-            rec.operator = HoldoutRow(store, store.add(op))
+            try:
+                rec.operator = HoldoutRow(store, store.add(op))
+            except ValueError:  # numbers a row cannot hold (a stored state counting more than a holdout can)
+                pass
 
     def record(self, name: str, now: float | None = None) -> StreamRecord:
         """The stream's record, created on first sight; :class:`StreamCapError` past the cap. ``now``: the time
