@@ -46,13 +46,14 @@ _STRIPES = 64  # locks a cut's lender holds, stream i taking lock i % 64 (one lo
 
 
 class Lent:
-    """The holdout operators one checkpoint's cut lends to its writer thread, with their records' other fields as they
-    were at the cut, in columns: copy on write. A stream's entry is the pair ``(lent, i)``: the cut hands it to the
-    writer as the stream's state and puts it in ``StreamRecord.lent``. The writer calls :meth:`state` (once per
-    stream); the event loop calls :meth:`detach` before it changes the operator, which copies the operator for the
-    writer only if the writer has not taken its state yet. A cut of many holdout streams thus costs four list
-    appends and a pair each in the event loop (0.3 us), not a copy of each histogram, nor an object and a lock each
-    (the copies happen, one at a time, only for streams that take a reading while the write runs).
+    """The holdouts (ToPS operators, or rows of a columnar holdout) one checkpoint's cut lends to its writer thread,
+    with their records' other fields as they were at the cut, in columns: copy on write. A stream's entry is the
+    pair ``(lent, i)``: the cut hands it to the writer as the stream's state and puts it in ``StreamRecord.lent``.
+    The writer calls :meth:`state` (once per stream); the event loop calls :meth:`detach` before it changes the
+    operator, which copies the operator for the writer only if the writer has not taken its state yet. A cut of many
+    holdout streams thus costs four list appends and a pair each in the event loop (0.3 us), not a copy of each
+    histogram, nor an object and a lock each (the copies happen, one at a time, only for streams that take a reading
+    while the write runs).
 
     Stream ``i``'s operator is guarded by lock ``i % 64``: the event loop waits only while the writer works on that
     very stream or one 64 places away (one lock for all starved it: the writer, holding the interpreter, took the
@@ -123,11 +124,12 @@ class RowStates:
 
 
 def record_states(recs: list[StreamRecord]) -> dict[str, Any]:
-    """:func:`record_state` of many records, for a checkpoint's cut: a stream that is a row of a columnar store (and
+    """:func:`record_state` of many records, for a checkpoint's cut: a releasing row of a columnar store (and
     has no open periods) comes as a function making its JSON text (:class:`RowStates`: the columns copied here, the
-    texts made by the writer in one pass, about ten times faster than a dict each); a ToPS stream in its holdout as its
-    pair ``(lent, i)`` of the cut's :class:`Lent`, whose ``lent.state(i)`` makes its dict later (copied only if the
-    event loop changes it first: the snapshot and its encoding are the writer thread's work); the others as dicts."""
+    texts made by the writer in one pass, about ten times faster than a dict each); a ToPS stream in its holdout
+    (its operator, or a row of a columnar holdout, whose copy is its operator) as its pair ``(lent, i)`` of the
+    cut's :class:`Lent`, whose ``lent.state(i)`` makes its dict later (copied only if the event loop changes it
+    first: the snapshot and its encoding are the writer thread's work); the others as dicts."""
     out: dict[str, Any] = {}
     rows: list[StreamRecord] = []
     lent = Lent()
