@@ -72,3 +72,14 @@ def keystream(key_words, counter, n0, n1, n2, nblocks):
             hi = (s[2 * i + 1] + init[2 * i + 1]) & _M
             out[b * 8 + i] = lo | (hi << np.uint64(32))
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def keystream_many(key_words, counter, n0, n1, n2, nblocks):
+    """:func:`keystream` for many keys (``key_words[i]``, one row each) at one nonce: row ``i`` of the result is key
+    ``i``'s ``nblocks`` blocks (the words a holdout's choice reads, for many streams ending their holdout at once)."""
+    n = key_words.shape[0]
+    out = np.empty((n, nblocks * 8), dtype=np.uint64)
+    for i in range(n):
+        out[i] = keystream(key_words[i], counter, n0, n1, n2, nblocks)
+    return out

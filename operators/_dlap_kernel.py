@@ -164,3 +164,15 @@ def sample_one(key_words, block, n0, n1, n2, m, s, q, r):
     if sample(padded, 8, m, s, q, r, out, ovf) and not ovf[0]:
         return out[0], True
     return 0, False
+
+
+@numba.njit(cache=True, nogil=True)
+def sample_one_many(key_words, block, n0, n1, n2, m, s, q, r):
+    """:func:`sample_one` for many keys (``key_words[i]``) at one address, each with its own noise (``m[i]``, ``s[i]``,
+    ``q[i]``, ``r[i]``): the values, and False where the general path must draw it."""
+    n = key_words.shape[0]
+    out = np.zeros(n, dtype=np.int64)
+    ok = np.zeros(n, dtype=np.bool_)
+    for i in range(n):
+        out[i], ok[i] = sample_one(key_words[i], block, n0, n1, n2, m[i], s[i], q[i], r[i])
+    return out, ok

@@ -32,6 +32,8 @@ True
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from operators.noise import DiscreteLaplace, Domain, KeyedGenerator
@@ -86,6 +88,12 @@ def exact_range_problem(bound_units: float, epsilon: float, fanout: int, height:
 def layer_weight(height: int, fanout: int) -> float:
     """``a_l = (b^l - b^(l-1)) / (b^l - 1)`` of Hay et al.'s bottom-up pass (``a_1 = 1``)."""
     return (fanout**height - fanout ** (height - 1)) / (fanout**height - 1)
+
+
+@functools.cache
+def _layer_weights(layers: int, fanout: int) -> tuple[float, ...]:
+    """``a_1 .. a_layers`` (:func:`layer_weight`), one read-only tuple per shape shared by every walk."""
+    return tuple(layer_weight(j + 1, fanout) for j in range(layers))
 
 
 def _child_sums(zchild: np.ndarray, b: int) -> np.ndarray:
@@ -147,7 +155,7 @@ class ConsistentNoise:
         self.top_nodes = top_nodes
         self.noise = noise
         self.leaves_per_tree = top_nodes * fanout ** (layers - 1)
-        self._weights = [layer_weight(j + 1, fanout) for j in range(layers)]
+        self._weights = _layer_weights(layers, fanout)
         self.tree = tree
         self.leaf = leaf
         self._invalidate()

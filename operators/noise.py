@@ -469,9 +469,7 @@ class KeyedGenerator:
             raise ValueError(msg)
         chacha = _kernel_state["chacha"] if nblocks <= _SMALL_BLOCKS else None
         if chacha is not None:  # the same words (operators/_chacha_kernel.py), without OpenSSL's cost per call
-            kw = self._key_words
-            if kw is None:
-                kw = self._key_words = np.frombuffer(self._key, dtype="<u4").astype(np.uint64)
+            kw = self.key_words()
             # plain ints: typing an IntEnum (a Domain) costs numba's dispatcher about 25 us a call
             out = chacha(kw, block0, int(domain), int(address) & 0xFFFFFFFF, int(address) >> 32,  # type: ignore[operator]
                          nblocks)
@@ -509,6 +507,14 @@ class KeyedGenerator:
             out[c0 : c0 + c] = part
         return out
 
+    def key_words(self) -> np.ndarray:
+        """The key as 8 little-endian 32-bit words (uint64), what the compiled kernels take (secret: a caller passes it
+        to a kernel and drops it, never stores or prints it)."""
+        kw = self._key_words
+        if kw is None:
+            kw = self._key_words = np.frombuffer(self._key, dtype="<u4").astype(np.uint64)
+        return kw
+
     def discrete_laplace_one(self, domain: int, address: int, index: int, noise: DiscreteLaplace) -> int:
         """Sample ``index`` of :meth:`discrete_laplace` (the same value): once the compiled kernels are loaded, its
         block of the keystream goes straight to the compiled sampler, without the general path's set-up for many
@@ -517,9 +523,7 @@ class KeyedGenerator:
         one = _kernel_state["one"]
         if (one is not None and isinstance(noise, DiscreteLaplace) and 0 <= index < _MAX_BLOCKS
                 and 0 <= domain < _OVERFLOW_DOMAIN and 0 <= address < 1 << 64):
-            kw = self._key_words
-            if kw is None:
-                kw = self._key_words = np.frombuffer(self._key, dtype="<u4").astype(np.uint64)
+            kw = self.key_words()
             # sample i owns words [8 i, 8 i + 8): keystream block i (_BUDGET_WORDS = one block)
             value, ok = one(kw, int(index), int(domain), int(address) & 0xFFFFFFFF, int(address) >> 32,  # type: ignore[operator]
                             noise.log2_t, noise.s, noise.q, noise.r)
@@ -547,3 +551,39 @@ class KeyedGenerator:
             todo = todo[bits.ovf]
             blocks *= 4
         return out
+
+
+def discrete_laplace_one_many(gens: list[KeyedGenerator], domain: int, address: int, index: int,
+                              noises: list[DiscreteLaplace]) -> list[int]:
+    """``gens[i].discrete_laplace_one(domain, address, index, noises[i])`` for every i, the same values: in one
+    compiled call once the kernels are loaded (many streams ending their holdout in one step draw one each); a sample
+    whose 512 bits run out goes through the general path, as there."""
+    if not gens:
+        return []
+    if _kernel_state["one"] is None or not (0 <= index < _MAX_BLOCKS and 0 <= domain < _OVERFLOW_DOMAIN
+                                            and 0 <= address < 1 << 64):
+        return [g.discrete_laplace_one(domain, address, index, dl) for g, dl in zip(gens, noises, strict=True)]
+    from operators._dlap_kernel import sample_one_many
+
+    keys = np.stack([g.key_words() for g in gens])
+    params = np.array([(dl.log2_t, dl.s, dl.q, dl.r) for dl in noises], dtype=np.int64).reshape(-1, 4)
+    out, ok = sample_one_many(keys, int(index), int(domain), int(address) & 0xFFFFFFFF, int(address) >> 32,
+                              params[:, 0], params[:, 1], params[:, 2], params[:, 3])
+    values = out.tolist()
+    for i in np.flatnonzero(~ok).tolist():
+        values[i] = int(gens[i].discrete_laplace(domain, address, index, 1, noises[i])[0])
+    return values
+
+
+def words_many(gens: list[KeyedGenerator], domain: int, address: int, count: int) -> np.ndarray:
+    """Row ``i``: ``gens[i].words(domain, address, 0, count)`` (the same words), for many streams at once: in one
+    compiled call while the compiled ChaCha20 beats OpenSSL's (``_SMALL_BLOCKS``), else stream by stream."""
+    nblocks = -(-count // _WORDS_PER_BLOCK)
+    if (not gens or _kernel_state["chacha"] is None or nblocks > _SMALL_BLOCKS or count <= 0
+            or not (0 <= domain < _OVERFLOW_DOMAIN and 0 <= address < 1 << 64)):
+        return np.array([g.words(domain, address, 0, count) for g in gens], dtype=np.uint64).reshape(len(gens), count)
+    from operators._chacha_kernel import keystream_many
+
+    keys = np.stack([g.key_words() for g in gens])
+    out = keystream_many(keys, 0, int(domain), int(address) & 0xFFFFFFFF, int(address) >> 32, nblocks)
+    return out[:, :count] if out.shape[1] != count else out

@@ -77,7 +77,16 @@ import numpy as np
 
 from operators.config import tree_height
 from operators.hierarchy import layer_weight
-from operators.noise import Domain, KeyedGenerator, _words_to_uniform, compiled_loaded, shared_laplace
+from operators.noise import (
+    DiscreteLaplace,
+    Domain,
+    KeyedGenerator,
+    _words_to_uniform,
+    compiled_loaded,
+    discrete_laplace_one_many,
+    shared_laplace,
+    words_many,
+)
 from operators.threshold import m_theta, report_noisy_max, smoother_layers
 
 __all__ = [
@@ -98,6 +107,7 @@ _MAX_QUANTILE_SHARE = 0.3
 _FEW = 8  # BlockStats.add takes at most this many readings one at a time in Python (numpy's set-up costs more)
 _THETA_POINTS = 72  # theta candidates between q_k / 4 and 8 q_k, 5% apart
 _STEPS = 1024.0  # statistics are rounded to 1/1024 before their integer noise
+_WORDS_AT_ONCE = 256  # choose_small_many draws the report-noisy-max's words for this many streams at a time
 _QUANTILE_GRID = 48  # the percentile is searched on at most this many geometric points
 _SIM_QUERIES = 500
 _SIM_WORK = 1 << 21  # leaves + ranges simulated per (b, r, s) ...
@@ -378,14 +388,20 @@ class Selection:
     fallback: bool
 
 
-def _dlap(gen: KeyedGenerator, address: int, index: int, epsilon: float, sensitivity: float) -> int | None:
-    """One exact discrete Laplace draw at ``sensitivity / epsilon``; None when that scale is above the sampler's
-    range (2^36: the statistic would be noise only, so it is not used at all). Below 2^-10 the scale is raised to it
-    (more noise than needed, never less)."""
+def _dlap_noise(epsilon: float, sensitivity: float) -> DiscreteLaplace | None:
+    """The exact discrete Laplace at ``sensitivity / epsilon`` that :func:`_dlap` draws; None when that scale is above
+    the sampler's range (2^36: the statistic would be noise only, so it is not used at all). Below 2^-10 the scale is
+    raised to it (more noise than needed, never less)."""
     sens = max(1, math.ceil(sensitivity))
     if sens / epsilon > 2.0**36:
         return None
-    return gen.discrete_laplace_one(Domain.THRESHOLD, address, index, shared_laplace(min(epsilon, sens * 1024.0), sens))
+    return shared_laplace(min(epsilon, sens * 1024.0), sens)
+
+
+def _dlap(gen: KeyedGenerator, address: int, index: int, epsilon: float, sensitivity: float) -> int | None:
+    """One exact discrete Laplace draw at ``sensitivity / epsilon`` (:func:`_dlap_noise`; None: not drawn)."""
+    noise = _dlap_noise(epsilon, sensitivity)
+    return None if noise is None else gen.discrete_laplace_one(Domain.THRESHOLD, address, index, noise)
 
 
 class _Grids:
@@ -470,6 +486,27 @@ def _counts_kernel():
 _KERNELS: dict[str, tuple] = {}
 
 
+def _threshold_budgets(m: int, threshold_epsilon: float, geo_size: int) -> tuple[bool, float, float]:
+    """(fallback, eps_q, eps_t): whether the percentile's step is skipped for too little budget, its budget, and the
+    budget of theta's report-noisy-max (with the shares of steps 1 and 2 when they are skipped)."""
+    # the percentile's share: at least 10%, more (up to 30%, taken from theta's) so that top_k <= m / 4
+    share_q = max(BUDGET_SPLIT["quantile"], 8.0 * math.log(max(geo_size, 2)) / (0.25 * m * threshold_epsilon))
+    fallback = share_q > _MAX_QUANTILE_SHARE
+    share_q = min(share_q, _MAX_QUANTILE_SHARE)
+    eps_q = share_q * threshold_epsilon
+    eps_t = (BUDGET_SPLIT["threshold"] - (share_q - BUDGET_SPLIT["quantile"])) * threshold_epsilon
+    if fallback:  # theta from counts alone takes the shares of steps 1 and 2
+        eps_t += eps_q + BUDGET_SPLIT["excess"] * threshold_epsilon
+    return fallback, eps_q, eps_t
+
+
+def _counts_base(grid: _Grids, s_options: list[int], G: dict[int, float], m: int, epsilon: float,
+                 moment: float) -> np.ndarray:
+    """The public part ``a theta_k^2 / eps^2 / E[l^2]`` of the fallback's score (once per configuration)."""
+    s_pre = min(s_options, key=lambda s: G[s])
+    return grid.noise_term(m * m * G[s_pre], epsilon**2, moment)
+
+
 def choose(
     hist: np.ndarray | Cells,
     candidates: np.ndarray,
@@ -500,12 +537,7 @@ def choose(
     G = _noise_constants(fanout, query_range)
     moment = range_length_moment(query_range)
     geo = grid.geo
-    # the percentile's share: at least 10%, more (up to 30%, taken from theta's) so that top_k <= m / 4
-    share_q = max(BUDGET_SPLIT["quantile"], 8.0 * math.log(max(geo.size, 2)) / (0.25 * m * threshold_epsilon))
-    fallback = share_q > _MAX_QUANTILE_SHARE
-    share_q = min(share_q, _MAX_QUANTILE_SHARE)
-    eps_q = share_q * threshold_epsilon
-    eps_t = (BUDGET_SPLIT["threshold"] - (share_q - BUDGET_SPLIT["quantile"])) * threshold_epsilon
+    fallback, eps_q, eps_t = _threshold_budgets(m, threshold_epsilon, geo.size)
     rank_error = 4.0 * math.log(max(geo.size, 2)) / eps_q  # of the exponential mechanism at eps_q / 2
     kernels = _counts_kernel() if fallback else None
     if cells is not None and (kernels is None or cells.total * float(values[-1]) >= 2.0**53):
@@ -535,9 +567,7 @@ def choose(
             var = 2.0 * (far / (eps_e * noisy_count)) ** 2 + 2.0 * (mean_excess / (eps_e * noisy_count)) ** 2
             mean_excess = math.sqrt(mean_excess**2 + var)
     else:  # too little budget for a useful quantile: theta now, from counts (C = 1), with the two shares
-        eps_t += eps_q + BUDGET_SPLIT["excess"] * threshold_epsilon
-        s_pre = min(s_options, key=lambda s: G[s])
-        base = grid.noise_term(m * m * G[s_pre], epsilon**2, moment)  # public: once per configuration
+        base = _counts_base(grid, s_options, G, m, epsilon, moment)
         words = gen.words(int(Domain.THRESHOLD), 4, 0, n_cand)
         if cells is not None:  # the same index from the occupied cells (base grows with theta: monotone)
             k = kernels[1](cells.index, cells.count, base, words, eps_t)
@@ -606,3 +636,68 @@ def choose(
     noise = _dlap(gen, 3, 0, eps_s, theta)
     start = theta / 2.0 if noise is None else min(max((round(total) + noise) / m, 0.0), float(theta))
     return Selection(theta, s, start, fallback)
+
+
+def choose_small_many(
+    cells: list[Cells],
+    blocks: list[BlockStats],
+    gens: list[KeyedGenerator],
+    candidates: np.ndarray,
+    *,
+    epsilon: float,
+    threshold_epsilon: float,
+    holdout: int,
+    query_range: int,
+    fanout: int,
+    fixed_s: int | None = None,
+) -> list[Selection] | None:
+    """:func:`choose` for many holdouts of one configuration at once: the same selections, bit for bit, in a few
+    compiled calls instead of a few dozen Python steps each (a daemon whose streams end their holdout by the thousand
+    in one processing step).
+
+    Only for the small holdout's branch: too little budget for the percentile (theta from counts alone, step 1's
+    fallback) and no leaf width measured (none fits twice in the holdout: step 3 draws nothing and s is
+    ``fixed_s`` or Eq. 7's), every histogram given by its occupied cells. There the choice reads the words of its
+    report-noisy-max and the one draw of the smoother's start; both are drawn here for all streams together. None when
+    a holdout is not of that kind, or the compiled kernels are not loaded: the caller chooses stream by stream."""
+    kernels = _counts_kernel()
+    m = holdout
+    grid = _grids(candidates)
+    values = grid.values
+    if kernels is None or not cells:
+        return None
+    fallback, _eps_q, eps_t = _threshold_budgets(m, threshold_epsilon, grid.geo.size)
+    if not fallback or any(b.widths and b.pairs[0] >= 1 for b in blocks):
+        return None
+    if any(c.total * float(values[-1]) >= 2.0**53 for c in cells):
+        return None
+    h = tree_height(query_range, fanout)
+    s_options = [fixed_s] if fixed_s is not None else list(range(h))
+    base = _counts_base(grid, s_options, _noise_constants(fanout, query_range), m, epsilon,
+                        range_length_moment(query_range))
+    s = fixed_s if fixed_s is not None else min(smoother_layers(epsilon, query_range, fanout), h - 1)
+    eps_s = BUDGET_SPLIT["start"] * threshold_epsilon
+    from operators._selection_kernel import cells_noisy_max_many
+
+    points = values.astype(np.int64)  # integers (exact: the check above)
+    offsets = np.zeros(len(cells) + 1, dtype=np.int64)
+    np.cumsum([c.index.size for c in cells], out=offsets[1:])
+    index = np.concatenate([c.index for c in cells])
+    count = np.concatenate([c.count for c in cells])
+    picks = np.empty(len(cells), dtype=np.int64)
+    totals = np.empty(len(cells), dtype=np.int64)
+    for a in range(0, len(cells), _WORDS_AT_ONCE):  # the words of a few hundred streams at a time (34 KB each at most)
+        b = min(a + _WORDS_AT_ONCE, len(cells))
+        words = words_many(gens[a:b], int(Domain.THRESHOLD), 4, len(candidates))
+        picks[a:b], totals[a:b] = cells_noisy_max_many(words, index, count, offsets[a : b + 1], base, eps_t, points)
+    thetas = candidates[picks].tolist()
+    noises = [_dlap_noise(eps_s, theta) for theta in thetas]  # step 6: the start's draw (address 3)
+    drawn = [i for i, dl in enumerate(noises) if dl is not None]
+    got = discrete_laplace_one_many([gens[i] for i in drawn], int(Domain.THRESHOLD), 3, 0, [noises[i] for i in drawn])
+    noise_of: dict[int, int] = dict(zip(drawn, got, strict=True))
+    out = []
+    for i, (theta, total) in enumerate(zip(thetas, totals.tolist(), strict=True)):
+        noise = noise_of.get(i)
+        start = theta / 2.0 if noise is None else min(max((round(total) + noise) / m, 0.0), float(theta))
+        out.append(Selection(theta, s, start, True))
+    return out

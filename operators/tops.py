@@ -35,7 +35,7 @@ import numpy as np
 from operators.config import ToPSConfig
 from operators.hierarchy import ConsistentNoise
 from operators.noise import Domain, KeyedGenerator, shared_laplace
-from operators.selection import BlockStats, Cells, choose
+from operators.selection import BlockStats, Cells, choose, choose_small_many
 from operators.smoother import SmootherState, release_ticks
 from operators.threshold import (
     candidate_grid,
@@ -47,10 +47,13 @@ from operators.threshold import (
     smoother_layers,
 )
 
-__all__ = ["ToPS"]
+__all__ = ["ToPS", "end_holdouts"]
 
 _SNAPSHOT_VERSION = 1
 _SPARSE_CELLS = 128  # a holdout touching at most this many candidate cells may keep them in a dict
+
+
+_FEW_HELD = 8  # ToPS.hold takes at most this many readings one at a time in scalars (numpy's set-up costs more)
 
 
 def _pending_array(bound_units: int) -> array:
@@ -226,13 +229,7 @@ class ToPS:
         units = self._quantize(values)
         start = 0
         if self.theta_units is None:
-            take = min(n, self.holdout_left)
-            self._count(units[:take])
-            if self._blocks is not None:
-                self._flush()
-                self._blocks.add(units[:take])
-            self.ticks += take
-            start = take
+            start = self._hold_units(units)
             if self.holdout_left == 0:
                 self._select()
         if start < n:
@@ -245,6 +242,30 @@ class ToPS:
                 out[start:] += self.config.lower
             self.ticks += n - start
         return out
+
+    def _hold_units(self, units: np.ndarray) -> int:
+        """The holdout takes as many of ``units`` as it has readings left; returns how many."""
+        take = min(units.size, self.holdout_left)
+        self._count(units[:take])
+        if self._blocks is not None:
+            self._flush()
+            self._blocks.add(units[:take])
+        self.ticks += take
+        return take
+
+    def hold(self, values: Any) -> None:
+        """The holdout's readings up to and including its last one, without the choice that ends it (what
+        :meth:`process` does with them, NaN for each): :func:`end_holdouts` then makes the choice for many streams
+        at once. ``ValueError`` when more readings than the holdout has left are given, or none is left."""
+        if self.theta_units is None and len(values) <= self.holdout_left:
+            if len(values) <= _FEW_HELD and not self.config.lower:  # numpy's set-up costs more than a few scalars
+                for v in values:
+                    self._hold_one(float(v))
+            else:
+                self._hold_units(self._quantize(np.asarray(values, dtype=np.float64).reshape(-1)))
+            return
+        msg = "hold() takes at most the readings the holdout has left"
+        raise ValueError(msg)
 
     def process_one(self, value: float) -> float:
         """One tick: its release, or NaN in the holdout.
@@ -259,36 +280,7 @@ class ToPS:
         if cfg.lower:  # the general path clamps, shifts and adds lower back
             return float(self.process(np.array([v], dtype=np.float64))[0])
         if self._hist is not None:
-            if v > cfg.bound:
-                self.clamped += 1
-                v = cfg.bound
-            elif v < 0.0:
-                self.clamped += 1
-                v = 0.0
-            units = min(round(v / cfg.resolution), self._bound_units)
-            low, dense_top = integer_run(self._candidates)
-            if units <= low:
-                cell = 0
-            elif units <= dense_top:  # the grid's integer run: candidates[k] = low + k
-                cell = units - low
-            else:
-                cell = int(np.searchsorted(self._candidates, units, side="left"))
-            hist = self._hist
-            if isinstance(hist, dict):
-                hist[cell] = hist.get(cell, 0) + 1
-                if len(hist) > self._sparse_cells():
-                    self._hist = self._dense_hist()
-            else:
-                hist[cell] += 1
-            blocks = self._blocks
-            if blocks is not None:  # the block statistics take readings in batches (exact however batched)
-                if blocks.widths:
-                    self._pending.append(units)
-                    if len(self._pending) >= 64:
-                        self._flush()
-                else:  # a holdout too short for any block: only its position counts (what add() would do)
-                    blocks.pos += 1
-            self.ticks += 1
+            self._hold_one(v)
             if self.ticks >= cfg.holdout_ticks:  # the holdout's last reading: choose, as process() does
                 self._select()
             return math.nan
@@ -305,6 +297,40 @@ class ToPS:
             self.ticks += 1
             return st.pred * cfg.resolution if cfg.resolution != 1.0 else st.pred
         return float(self.process(np.array([v], dtype=np.float64))[0])
+
+    def _hold_one(self, v: float) -> None:
+        """One holdout reading (``lower`` = 0), in scalars: what :meth:`_hold_units` does with it."""
+        cfg = self.config
+        if v > cfg.bound:
+            self.clamped += 1
+            v = cfg.bound
+        elif v < 0.0:
+            self.clamped += 1
+            v = 0.0
+        units = min(round(v / cfg.resolution), self._bound_units)
+        low, dense_top = integer_run(self._candidates)
+        if units <= low:
+            cell = 0
+        elif units <= dense_top:  # the grid's integer run: candidates[k] = low + k
+            cell = units - low
+        else:
+            cell = int(np.searchsorted(self._candidates, units, side="left"))
+        hist = self._hist
+        if isinstance(hist, dict):
+            hist[cell] = hist.get(cell, 0) + 1
+            if len(hist) > self._sparse_cells():
+                self._hist = self._dense_hist()
+        else:
+            hist[cell] += 1
+        blocks = self._blocks
+        if blocks is not None:  # the block statistics take readings in batches (exact however batched)
+            if blocks.widths:
+                self._pending.append(units)
+                if len(self._pending) >= 64:
+                    self._flush()
+            else:  # a holdout too short for any block: only its position counts (what add() would do)
+                blocks.pos += 1
+        self.ticks += 1
 
     def _count(self, units: np.ndarray) -> None:
         """Count holdout readings (quantized units) in the histogram over the candidates."""
@@ -458,3 +484,41 @@ class ToPS:
             config.smoother, op._smoother.leaf_ticks, config.window, snapshot["smoother"]
         )
         return op
+
+
+def end_holdouts(ops: list[ToPS]) -> None:
+    """The choice that ends the holdout of each of ``ops`` (each took its last holdout reading with
+    :meth:`ToPS.hold`), the same as :meth:`ToPS.process` makes at that reading: the small holdouts of one
+    configuration (:func:`operators.selection.choose_small_many`) are chosen together, the others one by one.
+    ``ValueError`` (before any choice) when one of them still has holdout readings to take or is releasing."""
+    if any(op.theta_units is not None or op.holdout_left for op in ops):
+        msg = "end_holdouts() takes streams whose holdout took its last reading"
+        raise ValueError(msg)
+    groups: dict[ToPSConfig, list[ToPS]] = {}
+    for op in ops:
+        groups.setdefault(op.config, []).append(op)
+    for cfg, group in groups.items():
+        grid = group[0]._candidates
+        small = [op for op in group if op._blocks is not None and isinstance(op._hist, dict) and op._candidates is grid]
+        chosen = None
+        if len(small) > 1:
+            for op in small:
+                op._flush()
+            chosen = choose_small_many(
+                [Cells.of(op._hist, len(grid) + 1) for op in small],  # type: ignore[arg-type]
+                [op._blocks for op in small],  # type: ignore[misc]
+                [op._gen for op in small],
+                grid,  # type: ignore[arg-type]
+                epsilon=cfg.epsilon,
+                threshold_epsilon=cfg.threshold_epsilon or cfg.epsilon,
+                holdout=cfg.holdout,
+                query_range=cfg.query_range,
+                fanout=cfg.fanout,
+                fixed_s=cfg.smoother_layers,
+            )
+        if chosen is not None:
+            for op, sel in zip(small, chosen, strict=True):
+                op._start_release(sel.theta_units, sel.smoother_layers, start=sel.start_units)
+        for op in group:
+            if op.theta_units is None:
+                op._select()

@@ -25,6 +25,7 @@ import numpy as np
 
 from operators.columnar import ColumnarRelease, RowOperator, columnar_eligible
 from operators.columnar_holdout import MIN_HOLDOUT_LEFT, ColumnarHoldout, HoldoutRow, holdout_eligible
+from operators.tops import ToPS, end_holdouts
 from stream.core.errors import StreamCapError
 from stream.core.ticking import CategoryBins, PeriodBins, PeriodClock
 
@@ -436,6 +437,7 @@ class Router:
             return out
         if self.holdouts:
             self._holdout_rows()
+        self._holdout_ends()
         rows = self._release_rows() if self.pool is not None else None
         for rec in self.dirty.values():
             if rec.pending:
@@ -501,6 +503,56 @@ class Router:
                 rec.pending = rec.pending_ts = None
                 self._holdout_taken(rec, n)
             self.latencies.append(time.perf_counter() - t0)
+
+    def _holdout_ends(self) -> None:
+        """Every dirty ToPS stream (an object or a holdout row) whose holdout ends in this step takes its last holdout
+        readings, and the choices that end them are made together (:func:`operators.tops.end_holdouts`: the small
+        holdouts of one configuration in a few compiled calls; the same choice, bit for bit, as each stream's own
+        ``process``). Their readings after the holdout stay pending, for the release below (as rows once adopted)."""
+        ending = []
+        for rec in self.dirty.values():
+            op, pending = rec.operator, rec.pending
+            if pending and (type(op) is HoldoutRow or (type(op) is ToPS and op.theta_units is None)) and len(
+                    pending) >= op.holdout_left:
+                ending.append(rec)
+        if len(ending) < 2:  # one stream: its own path makes the same choice
+            return
+        t0 = time.perf_counter()
+        held: list[tuple[StreamRecord, ToPS]] = []
+        for rec in ending:
+            lent = rec.lent
+            if lent is not None:  # a checkpoint's writer gets the state as it was at the cut, copied only now
+                rec.lent = None
+                lent[0].detach(lent[1])
+            values, ts = rec.pending, rec.pending_ts
+            assert values is not None and ts is not None
+            try:
+                op = rec.operator
+                if type(op) is HoldoutRow:
+                    rec.operator = op = op.pool.take(op.row)
+                n = op.holdout_left
+                op.hold(values[:n])
+            except Exception as exc:  # an operator bug must not stop the other streams
+                self.fail(rec, f"operator failed ({type(exc).__name__}); {len(values)} ticks not released")
+                continue
+            rec.pending, rec.pending_ts = (values[n:], ts[n:]) if len(values) > n else (None, None)
+            rec.ticks += n
+            self.ticks_processed += n
+            self.ticks_total += n
+            held.append((rec, op))
+        try:
+            end_holdouts([op for _, op in held])
+        except Exception as exc:  # a bug: the streams of this pass fail, no other
+            for rec, _ in held:
+                self.fail(rec, f"operator failed ({type(exc).__name__}) at the end of its holdout")
+            return
+        for rec, op in held:
+            rec.phase = op.phase
+            rec.status_due = False
+            self.in_holdout -= 1
+            self.status_now.append(rec)
+            self._adopt(rec)
+        self.latencies.append(time.perf_counter() - t0)
 
     def _release_rows(self) -> dict[str, list[float]] | None:
         """The pending readings of every dirty stream that is a row, released in one compiled pass (the same

@@ -1,0 +1,201 @@
+"""Many holdouts ended together (issue 13): ``ToPS.hold`` takes a holdout's last readings without the choice,
+``end_holdouts`` makes the choices of many streams at once (the small holdout's branch of the calibrated choice in a
+few compiled calls: ``operators.selection.choose_small_many``), and the router ends every holdout of a processing step
+that way. Each stream must release exactly what its own ``process`` releases (a daemon and ``tops replay`` must agree,
+bit for bit), whatever the grid, the holdout length, the budget, clamped readings or half-unit ties; a bug in the
+batch fails its own streams only."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import numpy as np
+import pytest
+
+from operators import noise, selection
+from operators.config import ToPSConfig
+from operators.noise import DiscreteLaplace, KeyedGenerator, discrete_laplace_one_many, words_many
+from operators.tops import ToPS, end_holdouts
+from stream.core.router import Router
+
+
+@pytest.fixture(autouse=True)
+def _compiled() -> None:
+    noise._kernel(1 << 16)  # the compiled kernels, as a daemon (which draws often) has them
+    assert noise.compiled_loaded()
+
+
+def key_of(name: str) -> bytes:
+    return hashlib.sha256(name.encode()).digest()
+
+
+def readings(rng: np.random.Generator, n: int, bound: float) -> np.ndarray:
+    """Readings with every kind a holdout meets: integers, half-unit ties, values above the bound and below 0."""
+    kind = rng.integers(0, 4, n)
+    out = rng.integers(0, 100, n).astype(float)
+    out[kind == 1] += 0.5
+    out[kind == 2] = bound * 3
+    out[kind == 3] = -7.25
+    return out
+
+
+def ended_together(cfg: ToPSConfig, n: int, seed: int, after: int = 5) -> tuple[list[ToPS], list[ToPS], np.ndarray]:
+    """``n`` streams run by ``process`` alone, and the same streams held then ended together, then ``after`` more
+    readings each through ``process``; returns both sets of operators and the readings."""
+    rng = np.random.default_rng(seed)
+    keys = [rng.bytes(32) for _ in range(n)]
+    data = readings(rng, n * (cfg.holdout + after), cfg.bound).reshape(n, -1)
+    alone = [ToPS(cfg, k) for k in keys]
+    together = [ToPS(cfg, k) for k in keys]
+    ref = [op.process(d) for op, d in zip(alone, data, strict=True)]
+    for op, d in zip(together, data, strict=True):
+        op.hold(d[: cfg.holdout])
+    end_holdouts(together)
+    for op, d, r in zip(together, data, ref, strict=True):
+        got = np.concatenate([np.full(cfg.holdout, np.nan), op.process(d[cfg.holdout :])])
+        assert np.array_equal(got, r, equal_nan=True)
+    return alone, together, data
+
+
+@pytest.mark.parametrize("grid", ["compact", "exact"])
+@pytest.mark.parametrize("holdout", [1, 2, 3, 7, 9, 31])
+def test_holdouts_ended_together_release_what_each_releases_alone(grid: str, holdout: int) -> None:
+    cfg = ToPSConfig(epsilon=1.0, bound=5000, holdout=holdout, holdout_grid=grid)
+    alone, together, _ = ended_together(cfg, 120, holdout)
+    for a, b in zip(alone, together, strict=True):
+        assert a.snapshot() == b.snapshot()
+        assert (a.theta_units, a.smoother_layers, a.start_units) == (b.theta_units, b.smoother_layers, b.start_units)
+
+
+@pytest.mark.parametrize(("epsilon", "bound", "fixed_s", "fanout"), [
+    (0.1, 500, None, 16), (0.1, 500, 1, 16), (4.0, 100, None, 4), (2.0, 1e6, 2, 16), (1.0, 20, None, 2)])
+def test_every_budget_and_shape_of_the_small_branch(epsilon: float, bound: float, fixed_s: int | None,
+                                                    fanout: int) -> None:
+    cfg = ToPSConfig(epsilon=epsilon, bound=bound, holdout=3, smoother_layers=fixed_s, fanout=fanout,
+                     query_range=4096)
+    alone, together, _ = ended_together(cfg, 80, int(bound))
+    assert [a.snapshot() for a in alone] == [b.snapshot() for b in together]
+
+
+def test_the_small_branch_is_compiled_and_the_others_are_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Holdouts of the small branch never reach the per-stream choice; holdouts that measure a leaf width (m >= 2b)
+    or take the percentile's step (a large m eps) go through it, with the same result."""
+    calls = []
+    real = selection.choose
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    import operators.tops as tops
+
+    monkeypatch.setattr(tops, "choose", counted)
+    for cfg, n, chosen_alone in [
+            (ToPSConfig(epsilon=1.0, bound=5000, holdout=5, holdout_grid="compact"), 50, 0),
+            (ToPSConfig(epsilon=1.0, bound=5000, holdout=40, holdout_grid="compact"), 20, 20),  # a width fits twice
+            # the percentile's branch (m eps large enough), nothing measured
+            (ToPSConfig(epsilon=1.0, bound=5000, holdout=2000, fanout=4096, query_range=4096), 4, 4)]:
+        rng = np.random.default_rng(n)
+        ops = [ToPS(cfg, rng.bytes(32)) for _ in range(n)]
+        for op in ops:
+            op.hold(readings(rng, cfg.holdout, cfg.bound))
+        calls.clear()
+        end_holdouts(ops)
+        assert len(calls) == chosen_alone and all(op.phase == "releasing" for op in ops)
+
+
+def test_without_the_compiled_kernels_each_stream_chooses_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(selection, "_counts_kernel", lambda: None)
+    cfg = ToPSConfig(epsilon=1.0, bound=5000, holdout=3)
+    alone, together, _ = ended_together(cfg, 30, 4)
+    assert [a.snapshot() for a in alone] == [b.snapshot() for b in together]
+
+
+def test_hold_and_end_refuse_what_is_not_a_holdouts_end() -> None:
+    cfg = ToPSConfig(epsilon=1.0, bound=100, holdout=3)
+    op = ToPS(cfg, key_of("a"))
+    with pytest.raises(ValueError, match="at most the readings"):
+        op.hold([1.0, 2.0, 3.0, 4.0])
+    op.hold([1.0, 2.0])
+    done = ToPS(cfg, key_of("b"))
+    done.hold([1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="took its last reading"):
+        end_holdouts([done, op])  # op still has a reading to take: nothing is chosen, not even done's
+    assert done.theta_units is None
+    end_holdouts([done])
+    assert done.theta_units is not None
+    with pytest.raises(ValueError, match="at most the readings"):
+        done.hold([1.0])
+
+
+def test_the_batched_draws_are_each_streams_own() -> None:
+    """``words_many`` and ``discrete_laplace_one_many`` give every generator's own words and draw (the compiled
+    ChaCha20 for a short grid, OpenSSL stream by stream for a long one)."""
+    rng = np.random.default_rng(5)
+    gens = [KeyedGenerator(rng.bytes(32)) for _ in range(40)]
+    for count in (1, 203, 512, 4296):
+        got = words_many(gens, 1, 4, count)
+        assert got.shape == (40, count)
+        assert all(np.array_equal(row, g.words(1, 4, 0, count)) for row, g in zip(got, gens, strict=True))
+    noises = [DiscreteLaplace(0.1, int(s)) for s in rng.integers(1, 5000, 40)]
+    many = discrete_laplace_one_many(gens, 1, 3, 0, noises)
+    assert many == [g.discrete_laplace_one(1, 3, 0, dl) for g, dl in zip(gens, noises, strict=True)]
+    assert len(set(many)) > 30
+
+
+def run(router: Router, feed: list[tuple[str, float]], step: int) -> dict[str, list[tuple[int, float]]]:
+    got: dict[str, list[tuple[int, float]]] = {}
+    for i, (name, v) in enumerate(feed):
+        rec = router.record(name)
+        assert router.add(rec, v, None, None, 0.0) == "ok"
+        if (i + 1) % step == 0 or i + 1 == len(feed):
+            for b in router.flush():
+                got.setdefault(b.record.name, []).extend(zip(b.ticks, b.values, strict=True))
+    return got
+
+
+@pytest.mark.parametrize("step", [1, 40, 5000])
+def test_the_router_ends_a_steps_holdouts_together(step: int) -> None:
+    """Streams of three configurations (objects, and rows of a columnar holdout on the compact grid) end their
+    holdouts in the same steps, with readings after the end in the same step: each releases what it releases alone,
+    and the router's counts of ticks and holdouts stay right."""
+    cfgs = [ToPSConfig(epsilon=1.0, bound=5000, holdout=3, holdout_grid="compact"),
+            ToPSConfig(epsilon=0.5, bound=5000, holdout=5),
+            ToPSConfig(epsilon=1.0, bound=5000, holdout=20, holdout_grid="compact", fanout=4, query_range=256)]
+    names = [f"m{i}" for i in range(90)]
+    cfg_of = {name: cfgs[i % 3] for i, name in enumerate(names)}
+    rng = np.random.default_rng(step)
+    feed = [(name, float(v)) for _ in range(30) for name, v in zip(names, readings(rng, len(names), 5000),
+                                                                  strict=True)]
+    router = Router(lambda name: ToPS(cfg_of[name], key_of(name)), 1000)
+    router.use_columns(capacity=4)
+    got = run(router, feed, step)
+    assert router.in_holdout == 0 and all(rec.phase == "releasing" for rec in router.streams.values())
+    assert router.ticks_total == len(feed)
+    for name in names:
+        values = np.array([v for n, v in feed if n == name])
+        alone = ToPS(cfg_of[name], key_of(name)).process(values)
+        assert got[name] == [(t, float(x)) for t, x in enumerate(alone) if x == x], name
+        assert router.streams[name].ticks == 30
+
+
+def test_a_failing_batch_fails_its_streams_only(monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    cfg = ToPSConfig(epsilon=1.0, bound=100, holdout=3)
+    router = Router(lambda name: ToPS(cfg, key_of(name)), 100)
+    router.use_columns()
+    run(router, [(f"m{i % 4}", 5.0) for i in range(8)], 8)  # four streams with one reading left
+    import stream.core.router as router_module
+
+    def broken(ops: list[ToPS]) -> None:
+        raise RuntimeError("choice bug 77.5")
+
+    monkeypatch.setattr(router_module, "end_holdouts", broken)
+    with caplog.at_level(logging.ERROR, logger="tops.router"):
+        got = run(router, [("m0", 77.5), ("m1", 5.0), ("m2", 6.0), ("fresh", 6.0)], 4)
+    assert got == {}
+    assert all(router.streams[n].failed for n in ("m0", "m1", "m2"))
+    assert not router.streams["m3"].failed and not router.streams["fresh"].failed
+    assert "77.5" not in caplog.text.replace("choice bug 77.5", "") and "RuntimeError" in caplog.text
+    assert router.in_holdout == 2 and router.failed == 3
