@@ -391,6 +391,13 @@ def _kernel(n: int = 0):
     return st["sample"]
 
 
+def expect_draws(draws: int) -> None:
+    """A caller about to make ``draws`` small draws at once (many streams ending their holdout in one step): the
+    compiled kernels are loaded now when that many single draws would load them."""
+    if draws > _COMPILE_AFTER:
+        _kernel(_COMPILE_AT_ONCE)
+
+
 def compiled_loaded() -> bool:
     """Whether this process uses the compiled kernels (loaded after a few draws, or forced by TOPS_NOISE_KERNEL);
     other modules' compiled twins follow the same choice, so a short command never pays numba's import."""

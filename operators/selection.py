@@ -84,6 +84,7 @@ from operators.noise import (
     _words_to_uniform,
     compiled_loaded,
     discrete_laplace_one_many,
+    expect_draws,
     shared_laplace,
     words_many,
 )
@@ -660,6 +661,7 @@ def choose_small_many(
     ``fixed_s`` or Eq. 7's), every histogram given by its occupied cells. There the choice reads the words of its
     report-noisy-max and the one draw of the smoother's start; both are drawn here for all streams together. None when
     a holdout is not of that kind, or the compiled kernels are not loaded: the caller chooses stream by stream."""
+    expect_draws(len(cells))
     kernels = _counts_kernel()
     m = holdout
     grid = _grids(candidates)

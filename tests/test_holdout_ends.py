@@ -68,12 +68,13 @@ def test_holdouts_ended_together_release_what_each_releases_alone(grid: str, hol
         assert (a.theta_units, a.smoother_layers, a.start_units) == (b.theta_units, b.smoother_layers, b.start_units)
 
 
-@pytest.mark.parametrize(("epsilon", "bound", "fixed_s", "fanout"), [
-    (0.1, 500, None, 16), (0.1, 500, 1, 16), (4.0, 100, None, 4), (2.0, 1e6, 2, 16), (1.0, 20, None, 2)])
-def test_every_budget_and_shape_of_the_small_branch(epsilon: float, bound: float, fixed_s: int | None,
-                                                    fanout: int) -> None:
-    cfg = ToPSConfig(epsilon=epsilon, bound=bound, holdout=3, smoother_layers=fixed_s, fanout=fanout,
-                     query_range=4096)
+@pytest.mark.parametrize(("epsilon", "threshold_epsilon", "bound", "fixed_s", "fanout"), [
+    (0.1, None, 500, None, 16), (0.1, None, 500, 1, 16), (4.0, 0.5, 100, None, 4), (2.0, None, 1e6, 2, 16),
+    (1.0, 3.0, 20, None, 2)])
+def test_every_budget_and_shape_of_the_small_branch(epsilon: float, threshold_epsilon: float | None, bound: float,
+                                                    fixed_s: int | None, fanout: int) -> None:
+    cfg = ToPSConfig(epsilon=epsilon, threshold_epsilon=threshold_epsilon, bound=bound, holdout=3,
+                     smoother_layers=fixed_s, fanout=fanout, query_range=4096)
     alone, together, _ = ended_together(cfg, 80, int(bound))
     assert [a.snapshot() for a in alone] == [b.snapshot() for b in together]
 
@@ -199,3 +200,73 @@ def test_a_failing_batch_fails_its_streams_only(monkeypatch: pytest.MonkeyPatch,
     assert not router.streams["m3"].failed and not router.streams["fresh"].failed
     assert "77.5" not in caplog.text.replace("choice bug 77.5", "") and "RuntimeError" in caplog.text
     assert router.in_holdout == 2 and router.failed == 3
+
+
+def test_a_checkpoint_gets_the_states_at_the_cut_of_holdouts_ended_together() -> None:
+    """Holdout states lent to a checkpoint's writer (objects and rows of a columnar holdout), then ended together in
+    the next step before the writer made them: what the writer makes is each stream's state at the cut."""
+    import json
+
+    from stream.state.records import Lent, record_state, record_states
+
+    cfgs = [ToPSConfig(epsilon=1.0, bound=100, holdout=4), ToPSConfig(epsilon=1.0, bound=100, holdout=40,
+                                                                      holdout_grid="compact")]
+    names = [f"m{i}" for i in range(40)]
+    router = Router(lambda name: ToPS(cfgs[int(name[1:]) % 2], key_of(name)), 100)
+    router.use_columns()
+    rng = np.random.default_rng(9)
+    run(router, [(n, float(rng.integers(0, 90))) for n in names for _ in range(2)], 80)
+    left = [(n, float(rng.integers(0, 90))) for n in names for _ in range(router.streams[n].operator.holdout_left - 1)]
+    run(router, left, 10_000)  # every stream one reading before its holdout's end
+    assert all(rec.operator.holdout_left == 1 for rec in router.streams.values())
+    assert sum(type(rec.operator) is not ToPS for rec in router.streams.values()) == len(names) // 2  # rows
+    recs = list(router.streams.values())
+    wants = {r.name: json.dumps(record_state(r), separators=(",", ":")) for r in recs}
+    states = record_states(recs)
+    lent = [n for n, s in states.items() if type(s) is tuple and isinstance(s[0], Lent)]
+    assert len(lent) == len(names)
+    run(router, [(n, 50.0) for n in names] + [(n, 60.0) for n in names], 10_000)  # the ends, then a release each
+    assert router.in_holdout == 0
+    made = {n: json.dumps(states[n][0].state(states[n][1]), separators=(",", ":")) for n in lent}
+    assert made == wants
+
+
+@pytest.mark.parametrize("grid", ["compact", "exact"])
+def test_the_daemon_ends_many_holdouts_in_a_step_as_replay_does(tmp_path, grid: str) -> None:
+    """`tops run` on stdin with 300 streams of holdout 3 fed all at once (hundreds of holdouts end in each processing
+    step, with readings after the end in the same step): every stream releases what `tops replay` releases from its
+    readings with the same key (one stream checked by the command itself, all of them by the operator it runs)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from stream.core.keys import derive_stream_key, load_master_key
+    from tests.conftest import identity_from_log
+
+    root = Path(__file__).resolve().parent.parent
+    params = ["--epsilon", "1", "--holdout", "3", "--range", "256", "--fanout", "4", "--bound", "5000"]
+    rng = np.random.default_rng(31)
+    names = [f"s{i}" for i in range(300)]
+    values = {n: readings(rng, 7, 5000.0) for n in names}
+    lines = "".join(f"{n},{float(values[n][i])!r}\n" for i in range(7) for n in names)
+    key = tmp_path / "master.key"
+    proc = subprocess.run([sys.executable, "-m", "stream.cli", "run", *params, "--holdout-grid", grid, "--key-file",
+                           str(key)], input=lines.encode(), capture_output=True, cwd=root, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    identity = identity_from_log(proc.stderr.decode())
+    got: dict[str, dict[int, float]] = {n: {} for n in names}
+    for line in proc.stdout.splitlines():
+        r = json.loads(line)
+        got[r["stream"]][r["tick"]] = r["value"]
+    cfg = ToPSConfig(epsilon=1.0, holdout=3, query_range=256, fanout=4, bound=5000.0, holdout_grid=grid)
+    master = load_master_key(key)
+    for n in names:
+        alone = ToPS(cfg, derive_stream_key(master, n, identity=identity)).process(values[n])
+        assert got[n] == {t: float(x) for t, x in enumerate(alone) if x == x}, n
+    src, out = tmp_path / "s7.npy", tmp_path / "s7.out.npy"
+    np.save(src, values["s7"])
+    subprocess.run([sys.executable, "-m", "stream.cli", "replay", str(src), *params, "--holdout-grid", grid,
+                    "--key-file", str(key), "--identity", identity, "--stream", "s7", "--out", str(out)], cwd=root,
+                   check=True, capture_output=True, timeout=120)
+    assert got["s7"] == {t: float(v) for t, v in enumerate(np.load(out)) if v == v}
