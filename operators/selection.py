@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -679,9 +680,11 @@ def choose_small_many(
                         range_length_moment(query_range))
     s = fixed_s if fixed_s is not None else min(smoother_layers(epsilon, query_range, fanout), h - 1)
     eps_s = BUDGET_SPLIT["start"] * threshold_epsilon
+    points = values.astype(np.int64)  # integers (exact: the check above)
+    if not _SMALL_MANY_READY:
+        _warm_small_many(base, points)
     from operators._selection_kernel import cells_noisy_max_many
 
-    points = values.astype(np.int64)  # integers (exact: the check above)
     offsets = np.zeros(len(cells) + 1, dtype=np.int64)
     np.cumsum([c.index.size for c in cells], out=offsets[1:])
     index = np.concatenate([c.index for c in cells])
@@ -690,7 +693,7 @@ def choose_small_many(
     totals = np.empty(len(cells), dtype=np.int64)
     for a in range(0, len(cells), _WORDS_AT_ONCE):  # the words of a few hundred streams at a time (34 KB each at most)
         b = min(a + _WORDS_AT_ONCE, len(cells))
-        words = words_many(gens[a:b], int(Domain.THRESHOLD), 4, len(candidates))
+        words = np.ascontiguousarray(words_many(gens[a:b], int(Domain.THRESHOLD), 4, len(candidates)))
         picks[a:b], totals[a:b] = cells_noisy_max_many(words, index, count, offsets[a : b + 1], base, eps_t, points)
     thetas = candidates[picks].tolist()
     noises = [_dlap_noise(eps_s, theta) for theta in thetas]  # step 6: the start's draw (address 3)
@@ -703,3 +706,38 @@ def choose_small_many(
         start = theta / 2.0 if noise is None else min(max((round(total) + noise) / m, 0.0), float(theta))
         out.append(Selection(theta, s, start, True))
     return out
+
+
+_SMALL_MANY_READY = False
+
+
+def _warm_small_many(base: np.ndarray, points: np.ndarray) -> None:
+    """Compile (or load) :func:`choose_small_many`'s kernels for its argument types on made-up arrays, in a thread
+    of its own.
+
+    numba's first compile of a kernel leaves reference cycles that hold the frames of the stack it was called from
+    (exceptions raised and caught while it infers types): a kernel first called from a daemon's processing step would
+    keep that step's streams alive until the cyclic collector runs, and once the daemon froze them (``gc.freeze``),
+    until its next sweep. Compiled from a fresh thread, the cycles hold that thread's frames and these arrays only (a
+    test evicts the streams of a step that compiled the kernels, with the collector off, and finds none of their
+    objects left)."""
+    global _SMALL_MANY_READY
+    _SMALL_MANY_READY = True
+
+    def compile_all() -> None:
+        from operators._chacha_kernel import keystream_many
+        from operators._dlap_kernel import sample_one_many
+        from operators._selection_kernel import cells_noisy_max_many
+
+        keys = np.zeros((2, 8), dtype=np.uint64)
+        keystream_many(keys, 0, 1, 4, 0, 1)
+        ones = np.ones(2, dtype=np.int64)
+        offsets = np.arange(3, dtype=np.int64)
+        cells_noisy_max_many(np.zeros((2, base.size), dtype=np.uint64), ones * 0, ones, offsets[:3], base, 1.0, points)
+        dl = shared_laplace(1.0, 1)
+        params = np.array([(dl.log2_t, dl.s, dl.q, dl.r)] * 2, dtype=np.int64)
+        sample_one_many(keys, 0, 1, 3, 0, params[:, 0], params[:, 1], params[:, 2], params[:, 3])
+
+    thread = threading.Thread(target=compile_all, name="tops-compile")
+    thread.start()
+    thread.join()
