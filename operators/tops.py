@@ -165,18 +165,7 @@ class ToPS:
         hist = self._hist
         if isinstance(hist, dict):  # a small holdout's occupied cells, as they are (no dense histogram)
             hist = Cells.of(hist, len(self._candidates) + 1)
-        sel = choose(
-            hist,
-            self._candidates,
-            self._blocks,
-            gen=self._gen,
-            epsilon=cfg.epsilon,
-            threshold_epsilon=cfg.threshold_epsilon or cfg.epsilon,
-            holdout=cfg.holdout,
-            query_range=cfg.query_range,
-            fanout=cfg.fanout,
-            fixed_s=cfg.smoother_layers,
-        )
+        sel = choose(hist, self._candidates, self._blocks, gen=self._gen, **_choice_parameters(cfg))
         self._start_release(sel.theta_units, sel.smoother_layers, start=sel.start_units)
 
     def _choose_threshold(self) -> int:
@@ -285,21 +274,16 @@ class ToPS:
                 self._select()
             return math.nan
         if st is not None and st.pos + 1 < st.leaf_ticks:
-            if v > cfg.bound:
-                self.clamped += 1
-                v = cfg.bound
-            elif v < 0.0:
-                self.clamped += 1
-                v = 0.0
-            units = min(round(v / cfg.resolution), self._bound_units, self.theta_units)
+            units = min(self._units_one(v), self.theta_units)
             st.pos += 1
             st.leaf_sum += units
             self.ticks += 1
             return st.pred * cfg.resolution if cfg.resolution != 1.0 else st.pred
         return float(self.process(np.array([v], dtype=np.float64))[0])
 
-    def _hold_one(self, v: float) -> None:
-        """One holdout reading (``lower`` = 0), in scalars: what :meth:`_hold_units` does with it."""
+    def _units_one(self, v: float) -> int:
+        """One reading (``lower`` = 0) clamped to ``[0, B]`` (counted in ``clamped``) and quantized, in scalars: what
+        :meth:`_quantize` does with it."""
         cfg = self.config
         if v > cfg.bound:
             self.clamped += 1
@@ -307,7 +291,11 @@ class ToPS:
         elif v < 0.0:
             self.clamped += 1
             v = 0.0
-        units = min(round(v / cfg.resolution), self._bound_units)
+        return min(round(v / cfg.resolution), self._bound_units)
+
+    def _hold_one(self, v: float) -> None:
+        """One holdout reading (``lower`` = 0), in scalars: what :meth:`_hold_units` does with it."""
+        units = self._units_one(v)
         low, dense_top = integer_run(self._candidates)
         if units <= low:
             cell = 0
@@ -486,6 +474,12 @@ class ToPS:
         return op
 
 
+def _choice_parameters(cfg: ToPSConfig) -> dict[str, Any]:
+    """The public parameters of the calibrated choice (``operators.selection.choose``) for a configuration."""
+    return {"epsilon": cfg.epsilon, "threshold_epsilon": cfg.threshold_epsilon or cfg.epsilon, "holdout": cfg.holdout,
+            "query_range": cfg.query_range, "fanout": cfg.fanout, "fixed_s": cfg.smoother_layers}
+
+
 def end_holdouts(ops: list[ToPS]) -> None:
     """The choice that ends the holdout of each of ``ops`` (each took its last holdout reading with
     :meth:`ToPS.hold`), the same as :meth:`ToPS.process` makes at that reading: the small holdouts of one
@@ -509,12 +503,7 @@ def end_holdouts(ops: list[ToPS]) -> None:
                 [op._blocks for op in small],  # type: ignore[misc]
                 [op._gen for op in small],
                 grid,  # type: ignore[arg-type]
-                epsilon=cfg.epsilon,
-                threshold_epsilon=cfg.threshold_epsilon or cfg.epsilon,
-                holdout=cfg.holdout,
-                query_range=cfg.query_range,
-                fanout=cfg.fanout,
-                fixed_s=cfg.smoother_layers,
+                **_choice_parameters(cfg),
             )
         if chosen is not None:
             for op, sel in zip(small, chosen, strict=True):

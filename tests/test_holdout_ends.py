@@ -18,6 +18,7 @@ from operators.config import ToPSConfig
 from operators.noise import DiscreteLaplace, KeyedGenerator, discrete_laplace_one_many, words_many
 from operators.tops import ToPS, end_holdouts
 from stream.core.router import Router
+from tests.test_columnar_router import run
 
 
 @pytest.fixture(autouse=True)
@@ -143,17 +144,6 @@ def test_the_batched_draws_are_each_streams_own() -> None:
     many = discrete_laplace_one_many(gens, 1, 3, 0, noises)
     assert many == [g.discrete_laplace_one(1, 3, 0, dl) for g, dl in zip(gens, noises, strict=True)]
     assert len(set(many)) > 30
-
-
-def run(router: Router, feed: list[tuple[str, float]], step: int) -> dict[str, list[tuple[int, float]]]:
-    got: dict[str, list[tuple[int, float]]] = {}
-    for i, (name, v) in enumerate(feed):
-        rec = router.record(name)
-        assert router.add(rec, v, None, None, 0.0) == "ok"
-        if (i + 1) % step == 0 or i + 1 == len(feed):
-            for b in router.flush():
-                got.setdefault(b.record.name, []).extend(zip(b.ticks, b.values, strict=True))
-    return got
 
 
 @pytest.mark.parametrize("step", [1, 40, 5000])
