@@ -38,9 +38,10 @@ import numpy as np
 
 from operators.config import ToPSConfig
 from operators.hierarchy import ConsistentNoise
-from operators.noise import DiscreteLaplace, KeyedGenerator
+from operators.noise import DiscreteLaplace, KeyedGenerator, shared_laplace
+from operators.selection import Selection
 from operators.smoother import SmootherState
-from operators.tops import _SNAPSHOT_VERSION, ToPS
+from operators.tops import _SNAPSHOT_VERSION, ToPS, release_layers
 
 __all__ = ["ColumnarRelease", "RowOperator", "RowStore", "RowView", "checked_batch", "columnar_eligible"]
 
@@ -145,6 +146,21 @@ class ColumnarRelease(RowStore):
         walk = op._noise
         return self._put(op.config, op._gen._key, op.theta_units, op.smoother_layers, op._smoother, op.ticks,
                          op.clamped, op._bound_units, walk.tree * walk.leaves_per_tree + walk.leaf)
+
+    def add_chosen(self, op: ToPS, sel: Selection) -> int:
+        """The row :meth:`add` makes of ``op`` once ``op.start(sel)`` started it, without building the walk and the
+        smoother it would drop at once: ``op`` is a stream at the end of its holdout (it took its last reading,
+        :meth:`ToPS.hold`) and ``sel`` its choice (:func:`operators.tops.choose_ends`). ``op`` stays where it was."""
+        cfg = op.config
+        if (type(op) is not ToPS or op.theta_units is not None or op.holdout_left or cfg.smoother != "recent"
+                or cfg.lower != 0):
+            msg = "only ToPS streams at the end of their holdout, with the recent smoother and lower = 0, become rows"
+            raise ValueError(msg)
+        theta, s = sel.theta_units, release_layers(cfg, sel.smoother_layers)
+        shared_laplace(cfg.epsilon / (cfg.height - s), theta)  # refuses the theta the walk would refuse
+        st = SmootherState.initial(cfg.smoother, leaf_ticks=cfg.fanout**s, theta_units=theta, window=cfg.window,
+                                   start=sel.start_units)
+        return self._put(cfg, op._gen._key, theta, s, st, op.ticks, op.clamped, op._bound_units, 0)
 
     def add_snapshot(self, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> int | None:
         """A stored releasing stream straight into a row: the row :meth:`add` makes of ``ToPS.restore(config, key,

@@ -382,11 +382,13 @@ class Cells:
 
 @dataclass(frozen=True)
 class Selection:
-    """What the calibrated choice decided (quantized units), and whether Eq. 6 chose theta (small budgets)."""
+    """What the calibrated choice decided (quantized units), and whether Eq. 6 chose theta (small budgets). Eq. 6's
+    choice alone (``selection = "paper"``) leaves ``smoother_layers`` and ``start_units`` None: the configured or Eq.
+    7's s, and the prior theta / 2."""
 
     theta_units: int
-    smoother_layers: int
-    start_units: float
+    smoother_layers: int | None
+    start_units: float | None
     fallback: bool
 
 

@@ -35,7 +35,7 @@ import numpy as np
 from operators.config import ToPSConfig
 from operators.hierarchy import ConsistentNoise
 from operators.noise import Domain, KeyedGenerator, shared_laplace
-from operators.selection import BlockStats, Cells, choose, choose_small_many
+from operators.selection import BlockStats, Cells, Selection, choose, choose_small_many
 from operators.smoother import SmootherState, release_ticks
 from operators.threshold import (
     candidate_grid,
@@ -47,7 +47,7 @@ from operators.threshold import (
     smoother_layers,
 )
 
-__all__ = ["ToPS", "end_holdouts"]
+__all__ = ["ToPS", "choose_ends", "end_holdouts", "release_layers"]
 
 _SNAPSHOT_VERSION = 1
 _SPARSE_CELLS = 128  # a holdout touching at most this many candidate cells may keep them in a dict
@@ -157,15 +157,20 @@ class ToPS:
 
     def _select(self) -> None:
         """End of the holdout: choose theta (and s, and the smoother's start) and start releasing."""
-        cfg = self.config
+        self.start(self._choice())
+
+    def _choice(self) -> Selection:
+        """The choice that ends the holdout (theta; s and the smoother's start, or None for the defaults)."""
         if self._blocks is None:
-            self._start_release(self._choose_threshold())
-            return
+            return Selection(self._choose_threshold(), None, None, False)
         self._flush()
         hist = self._hist
         if isinstance(hist, dict):  # a small holdout's occupied cells, as they are (no dense histogram)
             hist = Cells.of(hist, len(self._candidates) + 1)
-        sel = choose(hist, self._candidates, self._blocks, gen=self._gen, **_choice_parameters(cfg))
+        return choose(hist, self._candidates, self._blocks, gen=self._gen, **_choice_parameters(self.config))
+
+    def start(self, sel: Selection) -> None:
+        """Start releasing with the choice ``sel`` made at the end of this holdout (:func:`choose_ends`)."""
         self._start_release(sel.theta_units, sel.smoother_layers, start=sel.start_units)
 
     def _choose_threshold(self) -> int:
@@ -187,11 +192,7 @@ class ToPS:
         cfg = self.config
         self.theta_units = theta_units
         self.start_units = start
-        if s is None:
-            s = cfg.smoother_layers
-        if s is None:
-            s = min(smoother_layers(cfg.epsilon, cfg.query_range, cfg.fanout), cfg.height - 1)
-        self.smoother_layers = s
+        s = self.smoother_layers = release_layers(cfg, s)
         layers = cfg.height - s
         noise = shared_laplace(cfg.epsilon / layers, theta_units)
         self._noise = ConsistentNoise(
@@ -474,6 +475,15 @@ class ToPS:
         return op
 
 
+def release_layers(cfg: ToPSConfig, s: int | None) -> int:
+    """The smoothed layers a stream releases with: the choice's ``s``, else the configured one, else Eq. 7's."""
+    if s is None:
+        s = cfg.smoother_layers
+    if s is None:
+        s = min(smoother_layers(cfg.epsilon, cfg.query_range, cfg.fanout), cfg.height - 1)
+    return s
+
+
 def _choice_parameters(cfg: ToPSConfig) -> dict[str, Any]:
     """The public parameters of the calibrated choice (``operators.selection.choose``) for a configuration."""
     return {"epsilon": cfg.epsilon, "threshold_epsilon": cfg.threshold_epsilon or cfg.epsilon, "holdout": cfg.holdout,
@@ -481,33 +491,44 @@ def _choice_parameters(cfg: ToPSConfig) -> dict[str, Any]:
 
 
 def end_holdouts(ops: list[ToPS]) -> None:
-    """The choice that ends the holdout of each of ``ops`` (each took its last holdout reading with
-    :meth:`ToPS.hold`), the same as :meth:`ToPS.process` makes at that reading: the small holdouts of one
-    configuration (:func:`operators.selection.choose_small_many`) are chosen together, the others one by one.
-    ``ValueError`` (before any choice) when one of them still has holdout readings to take or is releasing."""
+    """End the holdout of each of ``ops`` (each took its last holdout reading with :meth:`ToPS.hold`) with the choice
+    :func:`choose_ends` makes: each stream releases from then on as :meth:`ToPS.process` would have made it."""
+    for op, sel in zip(ops, choose_ends(ops), strict=True):
+        op.start(sel)
+
+
+def choose_ends(ops: list[ToPS]) -> list[Selection]:
+    """The choice that ends the holdout of each of ``ops`` (each took its last holdout reading with :meth:`ToPS.hold`),
+    the same as :meth:`ToPS.process` makes at that reading: the small holdouts of one configuration
+    (:func:`operators.selection.choose_small_many`) are chosen together, the others one by one. The streams stay at
+    the end of their holdout (:meth:`ToPS.start` starts one with its choice). ``ValueError`` (before any choice) when
+    one of them still has holdout readings to take or is releasing."""
     if any(op.theta_units is not None or op.holdout_left for op in ops):
         msg = "end_holdouts() takes streams whose holdout took its last reading"
         raise ValueError(msg)
-    groups: dict[ToPSConfig, list[ToPS]] = {}
-    for op in ops:
-        groups.setdefault(op.config, []).append(op)
-    for cfg, group in groups.items():
-        grid = group[0]._candidates
-        small = [op for op in group if op._blocks is not None and isinstance(op._hist, dict) and op._candidates is grid]
+    groups: dict[ToPSConfig, list[int]] = {}
+    for i, op in enumerate(ops):
+        groups.setdefault(op.config, []).append(i)
+    out: list[Selection | None] = [None] * len(ops)
+    for cfg, members in groups.items():
+        grid = ops[members[0]]._candidates
+        small = [i for i in members
+                 if ops[i]._blocks is not None and isinstance(ops[i]._hist, dict) and ops[i]._candidates is grid]
         chosen = None
         if len(small) > 1:
-            for op in small:
-                op._flush()
+            for i in small:
+                ops[i]._flush()
             chosen = choose_small_many(
-                [Cells.of(op._hist, len(grid) + 1) for op in small],  # type: ignore[arg-type]
-                [op._blocks for op in small],  # type: ignore[misc]
-                [op._gen for op in small],
+                [Cells.of(ops[i]._hist, len(grid) + 1) for i in small],  # type: ignore[arg-type]
+                [ops[i]._blocks for i in small],  # type: ignore[misc]
+                [ops[i]._gen for i in small],
                 grid,  # type: ignore[arg-type]
                 **_choice_parameters(cfg),
             )
         if chosen is not None:
-            for op, sel in zip(small, chosen, strict=True):
-                op._start_release(sel.theta_units, sel.smoother_layers, start=sel.start_units)
-        for op in group:
-            if op.theta_units is None:
-                op._select()
+            for i, sel in zip(small, chosen, strict=True):
+                out[i] = sel
+        for i in members:
+            if out[i] is None:
+                out[i] = ops[i]._choice()
+    return out  # type: ignore[return-value]

@@ -16,7 +16,8 @@ import pytest
 from operators import noise, selection
 from operators.config import ToPSConfig
 from operators.noise import DiscreteLaplace, KeyedGenerator, discrete_laplace_one_many, words_many
-from operators.tops import ToPS, end_holdouts
+from operators.columnar import ColumnarRelease
+from operators.tops import ToPS, choose_ends, end_holdouts
 from stream.core.router import Router
 from tests.test_columnar_router import run
 
@@ -182,7 +183,7 @@ def test_a_failing_batch_fails_its_streams_only(monkeypatch: pytest.MonkeyPatch,
     def broken(ops: list[ToPS]) -> None:
         raise RuntimeError("choice bug 77.5")
 
-    monkeypatch.setattr(router_module, "end_holdouts", broken)
+    monkeypatch.setattr(router_module, "choose_ends", broken)
     with caplog.at_level(logging.ERROR, logger="tops.router"):
         got = run(router, [("m0", 77.5), ("m1", 5.0), ("m2", 6.0), ("fresh", 6.0)], 4)
     assert got == {}
@@ -260,3 +261,35 @@ def test_the_daemon_ends_many_holdouts_in_a_step_as_replay_does(tmp_path, grid: 
                     "--key-file", str(key), "--identity", identity, "--stream", "s7", "--out", str(out)], cwd=root,
                    check=True, capture_output=True, timeout=120)
     assert got["s7"] == {t: float(v) for t, v in enumerate(np.load(out)) if v == v}
+
+
+@pytest.mark.parametrize("selection", ["calibrated", "paper"])
+def test_a_stream_goes_straight_into_the_row_its_started_operator_would_make(selection: str) -> None:
+    """``ColumnarRelease.add_chosen`` (the router's path for a holdout that ends in a batch) writes the very row that
+    ``add`` writes for the operator once started with the same choice, every column; it refuses what is no row."""
+    cfg = ToPSConfig(epsilon=0.7, bound=5000, holdout=5, holdout_grid="compact", selection=selection, query_range=4096)
+    rng = np.random.default_rng(17)
+    keys = [rng.bytes(32) for _ in range(60)]
+    data = readings(rng, 60 * 5, cfg.bound).reshape(60, 5)
+    ops = [ToPS(cfg, k) for k in keys]
+    for op, d in zip(ops, data, strict=True):
+        op.hold(d)
+    chosen = choose_ends(ops)
+    direct, via = ColumnarRelease(capacity=4), ColumnarRelease(capacity=4)
+    for op, sel in zip(ops, chosen, strict=True):
+        direct.add_chosen(op, sel)
+        op.start(sel)
+        via.add(op)
+    for name, _, _ in direct._columns():
+        assert np.array_equal(getattr(direct, name)[:60], getattr(via, name)[:60]), name
+    more = rng.integers(0, 100, 4000).astype(float)
+    rows = rng.integers(0, 60, 4000)
+    assert np.array_equal(direct.process(rows, more), via.process(rows, more))
+    held = ToPS(cfg, keys[0])
+    held.hold(data[0][:4])  # one reading left
+    for bad in (held, ops[0], ToPS(ToPSConfig(epsilon=1.0, bound=100, holdout=1, lower=5), keys[0]),
+                ToPS(ToPSConfig(epsilon=1.0, bound=100, holdout=1, smoother="moving"), keys[0])):
+        if bad.holdout_left == 1 and bad is not held:
+            bad.hold([3.0])
+        with pytest.raises(ValueError, match="become rows"):
+            direct.add_chosen(bad, chosen[0])

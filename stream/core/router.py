@@ -25,7 +25,7 @@ import numpy as np
 
 from operators.columnar import ColumnarRelease, RowOperator, columnar_eligible
 from operators.columnar_holdout import MIN_HOLDOUT_LEFT, ColumnarHoldout, HoldoutRow, holdout_eligible
-from operators.tops import ToPS, end_holdouts
+from operators.tops import ToPS, choose_ends
 from stream.core.errors import StreamCapError
 from stream.core.ticking import CategoryBins, PeriodBins, PeriodClock
 
@@ -506,9 +506,10 @@ class Router:
 
     def _holdout_ends(self) -> None:
         """Every dirty ToPS stream (an object or a holdout row) whose holdout ends in this step takes its last holdout
-        readings, and the choices that end them are made together (:func:`operators.tops.end_holdouts`: the small
+        readings, and the choices that end them are made together (:func:`operators.tops.choose_ends`: the small
         holdouts of one configuration in a few compiled calls; the same choice, bit for bit, as each stream's own
-        ``process``). Their readings after the holdout stay pending, for the release below (as rows once adopted)."""
+        ``process``). A stream that can be a row goes straight into its row (without the release objects its operator
+        would build); its readings after the holdout stay pending, for the release below."""
         ending = []
         for rec in self.dirty.values():
             op, pending = rec.operator, rec.pending
@@ -541,17 +542,26 @@ class Router:
             self.ticks_total += n
             held.append((rec, op))
         try:
-            end_holdouts([op for _, op in held])
+            chosen = choose_ends([op for _, op in held])
         except Exception as exc:  # a bug: the streams of this pass fail, no other
             for rec, _ in held:
                 self.fail(rec, f"operator failed ({type(exc).__name__}) at the end of its holdout")
             return
-        for rec, op in held:
-            rec.phase = op.phase
+        pool = self.pool
+        for (rec, op), sel in zip(held, chosen, strict=True):
+            try:
+                if pool is not None and op.config.smoother == "recent" and op.config.lower == 0:
+                    # straight into its row: the row its started operator would make (operators/columnar.py)
+                    rec.operator = RowOperator(pool, pool.add_chosen(op, sel))
+                else:
+                    op.start(sel)
+            except Exception as exc:  # an operator bug must not stop the other streams
+                self.fail(rec, f"operator failed ({type(exc).__name__}) at the end of its holdout")
+                continue
+            rec.phase = "releasing"
             rec.status_due = False
             self.in_holdout -= 1
             self.status_now.append(rec)
-            self._adopt(rec)
         self.latencies.append(time.perf_counter() - t0)
 
     def _release_rows(self) -> dict[str, list[float]] | None:
