@@ -263,18 +263,24 @@ def test_the_daemon_ends_many_holdouts_in_a_step_as_replay_does(tmp_path, grid: 
     assert got["s7"] == {t: float(v) for t, v in enumerate(np.load(out)) if v == v}
 
 
-@pytest.mark.parametrize("selection", ["calibrated", "paper"])
-def test_a_stream_goes_straight_into_the_row_its_started_operator_would_make(selection: str) -> None:
+@pytest.mark.parametrize(("selection", "holdout"), [("calibrated", 5), ("paper", 5), ("calibrated", 300)])
+def test_a_stream_goes_straight_into_the_row_its_started_operator_would_make(selection: str, holdout: int) -> None:
     """``ColumnarRelease.add_chosen`` (the router's path for a holdout that ends in a batch) writes the very row that
-    ``add`` writes for the operator once started with the same choice, every column; it refuses what is no row."""
-    cfg = ToPSConfig(epsilon=0.7, bound=5000, holdout=5, holdout_grid="compact", selection=selection, query_range=4096)
+    ``add`` writes for the operator once started with the same choice, every column, whichever s the choice took
+    (a holdout of 300 measures its leaf widths: s varies between streams); it refuses what is no row."""
+    cfg = ToPSConfig(epsilon=0.7, bound=5000, holdout=holdout, holdout_grid="compact", selection=selection,
+                     query_range=4096, fanout=4)
     rng = np.random.default_rng(17)
     keys = [rng.bytes(32) for _ in range(60)]
     data = readings(rng, 60 * 5, cfg.bound).reshape(60, 5)
+    if holdout > 5:  # random walks: a smooth series, for which a coarser smoother pays
+        data = np.cumsum(rng.integers(-3, 4, (60, holdout)), axis=1).clip(0) + rng.integers(0, 50, (60, 1))
     ops = [ToPS(cfg, k) for k in keys]
     for op, d in zip(ops, data, strict=True):
         op.hold(d)
     chosen = choose_ends(ops)
+    if holdout > 5:
+        assert len({sel.smoother_layers for sel in chosen}) > 1
     direct, via = ColumnarRelease(capacity=4), ColumnarRelease(capacity=4)
     for op, sel in zip(ops, chosen, strict=True):
         direct.add_chosen(op, sel)
@@ -286,7 +292,7 @@ def test_a_stream_goes_straight_into_the_row_its_started_operator_would_make(sel
     rows = rng.integers(0, 60, 4000)
     assert np.array_equal(direct.process(rows, more), via.process(rows, more))
     held = ToPS(cfg, keys[0])
-    held.hold(data[0][:4])  # one reading left
+    held.hold(data[0][: holdout - 1])  # one reading left
     for bad in (held, ops[0], ToPS(ToPSConfig(epsilon=1.0, bound=100, holdout=1, lower=5), keys[0]),
                 ToPS(ToPSConfig(epsilon=1.0, bound=100, holdout=1, smoother="moving"), keys[0])):
         if bad.holdout_left == 1 and bad is not held:
