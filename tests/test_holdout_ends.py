@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from operators import noise, selection
+from operators.columnar import ColumnarRelease
 from operators.config import ToPSConfig
 from operators.noise import DiscreteLaplace, KeyedGenerator, discrete_laplace_one_many, words_many
-from operators.columnar import ColumnarRelease
 from operators.tops import ToPS, choose_ends, end_holdouts
 from stream.core.router import Router
 from tests.test_columnar_router import run
@@ -194,8 +194,9 @@ def test_a_failing_batch_fails_its_streams_only(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_a_checkpoint_gets_the_states_at_the_cut_of_holdouts_ended_together() -> None:
-    """Holdout states lent to a checkpoint's writer (objects and rows of a columnar holdout), then ended together in
-    the next step before the writer made them: what the writer makes is each stream's state at the cut."""
+    """Holdout states lent to a checkpoint's writer (objects and rows of a columnar holdout), then changed before the
+    writer made them: by a reading each that stays in the holdout (taken by ``hold``), then, at a second cut, by the
+    readings that end them all together: what the writer makes is each stream's state at its cut."""
     import json
 
     from stream.state.records import Lent, record_state, record_states
@@ -206,20 +207,22 @@ def test_a_checkpoint_gets_the_states_at_the_cut_of_holdouts_ended_together() ->
     router = Router(lambda name: ToPS(cfgs[int(name[1:]) % 2], key_of(name)), 100)
     router.use_columns()
     rng = np.random.default_rng(9)
-    run(router, [(n, float(rng.integers(0, 90))) for n in names for _ in range(2)], 80)
-    left = [(n, float(rng.integers(0, 90))) for n in names for _ in range(router.streams[n].operator.holdout_left - 1)]
-    run(router, left, 10_000)  # every stream one reading before its holdout's end
-    assert all(rec.operator.holdout_left == 1 for rec in router.streams.values())
+    run(router, [(n, float(rng.integers(0, 90))) for n in names], 80)
+    left = [(n, float(rng.integers(0, 90))) for n in names for _ in range(router.streams[n].operator.holdout_left - 2)]
+    run(router, left, 10_000)  # every stream two readings before its holdout's end
     assert sum(type(rec.operator) is not ToPS for rec in router.streams.values()) == len(names) // 2  # rows
-    recs = list(router.streams.values())
-    wants = {r.name: json.dumps(record_state(r), separators=(",", ":")) for r in recs}
-    states = record_states(recs)
-    lent = [n for n, s in states.items() if type(s) is tuple and isinstance(s[0], Lent)]
-    assert len(lent) == len(names)
-    run(router, [(n, 50.0) for n in names] + [(n, 60.0) for n in names], 10_000)  # the ends, then a release each
+    for last in (False, True):
+        assert all(rec.operator.holdout_left == 1 + (not last) for rec in router.streams.values())
+        recs = list(router.streams.values())
+        wants = {r.name: json.dumps(record_state(r), separators=(",", ":")) for r in recs}
+        states = record_states(recs)
+        lent = [n for n, s in states.items() if type(s) is tuple and isinstance(s[0], Lent)]
+        assert len(lent) == len(names)
+        feed = [(n, 50.0) for n in names] + ([(n, 60.0) for n in names] if last else [])
+        run(router, feed, 10_000)  # a reading each that stays; then the ends and a release each
+        made = {n: json.dumps(states[n][0].state(states[n][1]), separators=(",", ":")) for n in lent}
+        assert made == wants
     assert router.in_holdout == 0
-    made = {n: json.dumps(states[n][0].state(states[n][1]), separators=(",", ":")) for n in lent}
-    assert made == wants
 
 
 @pytest.mark.parametrize("grid", ["compact", "exact"])

@@ -504,21 +504,48 @@ class Router:
                 self._holdout_taken(rec, n)
             self.latencies.append(time.perf_counter() - t0)
 
+    def _hold(self, recs: list[StreamRecord]) -> None:
+        """The pending readings of ToPS streams (objects) that stay in their holdout, taken by each operator's
+        ``hold`` (what its ``process`` does with them, without the release path's set-up per stream)."""
+        for rec in recs:
+            lent = rec.lent
+            if lent is not None:  # a checkpoint's writer gets the state as it was at the cut, copied only now
+                rec.lent = None
+                lent[0].detach(lent[1])
+            values = rec.pending
+            assert values is not None
+            try:
+                rec.operator.hold(values)
+            except Exception as exc:  # an operator bug must not stop the other streams
+                self.fail(rec, f"operator failed ({type(exc).__name__}); {len(values)} ticks not taken")
+                continue
+            rec.pending = rec.pending_ts = None
+            self._holdout_taken(rec, len(values))
+
     def _holdout_ends(self) -> None:
         """Every dirty ToPS stream (an object or a holdout row) whose holdout ends in this step takes its last holdout
         readings, and the choices that end them are made together (:func:`operators.tops.choose_ends`: the small
         holdouts of one configuration in a few compiled calls; the same choice, bit for bit, as each stream's own
         ``process``). A stream that can be a row goes straight into its row (without the release objects its operator
-        would build); its readings after the holdout stay pending, for the release below."""
+        would build); its readings after the holdout stay pending, for the release below. The readings of ToPS
+        streams (objects) that stay in their holdout are taken here too (:meth:`_hold`)."""
         ending = []
+        staying = []
         for rec in self.dirty.values():
             op, pending = rec.operator, rec.pending
-            if pending and (type(op) is HoldoutRow or (type(op) is ToPS and op.theta_units is None)) and len(
-                    pending) >= op.holdout_left:
-                ending.append(rec)
-        if len(ending) < 2:  # one stream: its own path makes the same choice
-            return
+            if pending:
+                t = type(op)
+                if t is ToPS and op.theta_units is None:
+                    (ending if len(pending) >= op.holdout_left else staying).append(rec)
+                elif t is HoldoutRow and len(pending) >= op.holdout_left:
+                    ending.append(rec)
         t0 = time.perf_counter()
+        if staying:
+            self._hold(staying)
+        if len(ending) < 2:  # one stream: its own path makes the same choice
+            if staying:
+                self.latencies.append(time.perf_counter() - t0)
+            return
         held: list[tuple[StreamRecord, ToPS]] = []
         for rec in ending:
             lent = rec.lent
