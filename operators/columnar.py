@@ -50,10 +50,14 @@ _FLOAT_COLUMNS = ("pred", "bound", "resolution", "u0")
 _KEY_BYTES = 32
 
 
+def rows_hold(config: ToPSConfig) -> bool:
+    """Whether the streams of a configuration can be rows once releasing: the Recent smoother and no lower bound."""
+    return config.smoother == "recent" and config.lower == 0
+
+
 def columnar_eligible(op: Any) -> bool:
-    """Whether a stream can be a row: a releasing ToPS stream with the Recent smoother and no lower bound."""
-    return (type(op) is ToPS and op.phase == "releasing" and op.config.smoother == "recent"
-            and op.config.lower == 0)
+    """Whether a stream can be a row: a releasing ToPS stream of a configuration rows hold (:func:`rows_hold`)."""
+    return type(op) is ToPS and op.phase == "releasing" and rows_hold(op.config)
 
 
 def checked_batch(rows: Any, values: Any, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -152,8 +156,7 @@ class ColumnarRelease(RowStore):
         smoother it would drop at once: ``op`` is a stream at the end of its holdout (it took its last reading,
         :meth:`ToPS.hold`) and ``sel`` its choice (:func:`operators.tops.choose_ends`). ``op`` stays where it was."""
         cfg = op.config
-        if (type(op) is not ToPS or op.theta_units is not None or op.holdout_left or cfg.smoother != "recent"
-                or cfg.lower != 0):
+        if type(op) is not ToPS or op.theta_units is not None or op.holdout_left or not rows_hold(cfg):
             msg = "only ToPS streams at the end of their holdout, with the recent smoother and lower = 0, become rows"
             raise ValueError(msg)
         theta, s = sel.theta_units, release_layers(cfg, sel.smoother_layers)

@@ -490,6 +490,13 @@ def _counts_kernel():
 _KERNELS: dict[str, tuple] = {}
 
 
+def default_layers(fixed_s: int | None, epsilon: float, query_range: int, fanout: int) -> int:
+    """s when nothing measured it: ``fixed_s`` (the configured one), else Eq. 7's, at most ``h - 1``."""
+    if fixed_s is not None:
+        return fixed_s
+    return min(smoother_layers(epsilon, query_range, fanout), tree_height(query_range, fanout) - 1)
+
+
 def _threshold_budgets(m: int, threshold_epsilon: float, geo_size: int) -> tuple[bool, float, float]:
     """(fallback, eps_q, eps_t): whether the percentile's step is skipped for too little budget, its budget, and the
     budget of theta's report-noisy-max (with the shares of steps 1 and 2 when they are skipped)."""
@@ -610,7 +617,7 @@ def choose(
     for s in range(top_measured + 1, h):
         sm[s] = sm[s - 1] * fanout
     if top_measured == 0 and fixed_s is None:  # nothing measurable: noise alone would always pick s = h - 1
-        s_options = [min(smoother_layers(epsilon, query_range, fanout), h - 1)]
+        s_options = [default_layers(None, epsilon, query_range, fanout)]
 
     eps_s = BUDGET_SPLIT["start"] * threshold_epsilon
 
@@ -680,7 +687,7 @@ def choose_small_many(
     s_options = [fixed_s] if fixed_s is not None else list(range(h))
     base = _counts_base(grid, s_options, _noise_constants(fanout, query_range), m, epsilon,
                         range_length_moment(query_range))
-    s = fixed_s if fixed_s is not None else min(smoother_layers(epsilon, query_range, fanout), h - 1)
+    s = default_layers(fixed_s, epsilon, query_range, fanout)
     eps_s = BUDGET_SPLIT["start"] * threshold_epsilon
     points = values.astype(np.int64)  # integers (exact: the check above)
     if not _SMALL_MANY_READY:

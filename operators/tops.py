@@ -35,7 +35,7 @@ import numpy as np
 from operators.config import ToPSConfig
 from operators.hierarchy import ConsistentNoise
 from operators.noise import Domain, KeyedGenerator, shared_laplace
-from operators.selection import BlockStats, Cells, Selection, choose, choose_small_many
+from operators.selection import BlockStats, Cells, Selection, choose, choose_small_many, default_layers
 from operators.smoother import SmootherState, release_ticks
 from operators.threshold import (
     candidate_grid,
@@ -44,7 +44,6 @@ from operators.threshold import (
     m_theta,
     report_noisy_max,
     scores,
-    smoother_layers,
 )
 
 __all__ = ["ToPS", "choose_ends", "end_holdouts", "release_layers"]
@@ -477,11 +476,7 @@ class ToPS:
 
 def release_layers(cfg: ToPSConfig, s: int | None) -> int:
     """The smoothed layers a stream releases with: the choice's ``s``, else the configured one, else Eq. 7's."""
-    if s is None:
-        s = cfg.smoother_layers
-    if s is None:
-        s = min(smoother_layers(cfg.epsilon, cfg.query_range, cfg.fanout), cfg.height - 1)
-    return s
+    return s if s is not None else default_layers(cfg.smoother_layers, cfg.epsilon, cfg.query_range, cfg.fanout)
 
 
 def _choice_parameters(cfg: ToPSConfig) -> dict[str, Any]:

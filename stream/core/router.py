@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from operators.columnar import ColumnarRelease, RowOperator, columnar_eligible
+from operators.columnar import ColumnarRelease, RowOperator, columnar_eligible, rows_hold
 from operators.columnar_holdout import MIN_HOLDOUT_LEFT, ColumnarHoldout, HoldoutRow, holdout_eligible
 from operators.tops import ToPS, choose_ends
 from stream.core.errors import StreamCapError
@@ -355,10 +355,7 @@ class Router:
             if type(rec.operator) is RowOperator:
                 rec.operator.free()
             elif type(rec.operator) is HoldoutRow:
-                lent = rec.lent
-                if lent is not None:  # a checkpoint's writer may still read the row: it keeps a copy
-                    rec.lent = None
-                    lent[0].detach(lent[1])
+                self._unlend(rec)  # a checkpoint's writer may still read the row: it keeps a copy
                 rec.operator.free()
             if rec.phase == "holdout":
                 self.in_holdout -= 1
@@ -367,12 +364,18 @@ class Router:
             n += 1
         return n
 
-    def _process_batch(self, rec: StreamRecord, values: list[float], ts: list[float]) -> ReleaseBatch | None:
-        t0 = time.perf_counter()
+    @staticmethod
+    def _unlend(rec: StreamRecord) -> None:
+        """Before a lent holdout changes (or its row is freed): a checkpoint's writer gets its state as it was at the
+        cut, copied only now (stream/state/records.py)."""
         lent = rec.lent
-        if lent is not None:  # a checkpoint's writer gets the operator as it was at the cut, copied only now
+        if lent is not None:
             rec.lent = None
             lent[0].detach(lent[1])
+
+    def _process_batch(self, rec: StreamRecord, values: list[float], ts: list[float]) -> ReleaseBatch | None:
+        t0 = time.perf_counter()
+        self._unlend(rec)
         op = rec.operator
         n = len(values)
         if type(op) is HoldoutRow:
@@ -481,10 +484,7 @@ class Router:
                 if not recs:
                     continue
             for rec in recs:
-                lent = rec.lent
-                if lent is not None:  # a checkpoint's writer gets the state as it was at the cut, copied only now
-                    rec.lent = None
-                    lent[0].detach(lent[1])
+                self._unlend(rec)
             if len(recs) == sum(lengths):  # one reading each (the common step)
                 rows = np.array(row_of, dtype=np.int64)
                 values = np.array([rec.pending[0] for rec in recs], dtype=np.float64)  # type: ignore[index]
@@ -508,10 +508,7 @@ class Router:
         """The pending readings of ToPS streams (objects) that stay in their holdout, taken by each operator's
         ``hold`` (what its ``process`` does with them, without the release path's set-up per stream)."""
         for rec in recs:
-            lent = rec.lent
-            if lent is not None:  # a checkpoint's writer gets the state as it was at the cut, copied only now
-                rec.lent = None
-                lent[0].detach(lent[1])
+            self._unlend(rec)
             values = rec.pending
             assert values is not None
             try:
@@ -548,10 +545,7 @@ class Router:
             return
         held: list[tuple[StreamRecord, ToPS]] = []
         for rec in ending:
-            lent = rec.lent
-            if lent is not None:  # a checkpoint's writer gets the state as it was at the cut, copied only now
-                rec.lent = None
-                lent[0].detach(lent[1])
+            self._unlend(rec)
             values, ts = rec.pending, rec.pending_ts
             assert values is not None and ts is not None
             try:
@@ -577,7 +571,7 @@ class Router:
         pool = self.pool
         for (rec, op), sel in zip(held, chosen, strict=True):
             try:
-                if pool is not None and op.config.smoother == "recent" and op.config.lower == 0:
+                if pool is not None and rows_hold(op.config):
                     # straight into its row: the row its started operator would make (operators/columnar.py)
                     rec.operator = RowOperator(pool, pool.add_chosen(op, sel))
                 else:
