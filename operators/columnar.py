@@ -40,7 +40,7 @@ from operators.config import ToPSConfig
 from operators.hierarchy import ConsistentNoise
 from operators.noise import DiscreteLaplace, KeyedGenerator, shared_laplace
 from operators.selection import Selection
-from operators.smoother import SmootherState
+from operators.smoother import SmootherState, _grid
 from operators.tops import _SNAPSHOT_VERSION, ToPS, release_layers
 
 __all__ = ["ColumnarRelease", "RowOperator", "RowStore", "RowView", "checked_batch", "columnar_eligible"]
@@ -164,6 +164,42 @@ class ColumnarRelease(RowStore):
         st = SmootherState.initial(cfg.smoother, leaf_ticks=cfg.fanout**s, theta_units=theta, window=cfg.window,
                                    start=sel.start_units)
         return self._put(cfg, op._gen._key, theta, s, st, op.ticks, op.clamped, op._bound_units, 0)
+
+    def add_started(self, cfg: ToPSConfig, keys: np.ndarray, thetas: list[int], s: int, starts: list[float],
+                    ticks: np.ndarray, clamped: np.ndarray) -> list[int]:
+        """The rows :meth:`add_chosen` makes of many streams of ``cfg`` at the end of their holdout, all with the one
+        ``s`` of the small branch (:meth:`operators.columnar_holdout.ColumnarHoldout.choose_ends`): stream ``i`` has
+        key ``keys[i]`` (32 bytes), theta ``thetas[i]``, smoother start ``starts[i]``, ``ticks[i]`` ticks and
+        ``clamped[i]`` clamped readings. Every row as :meth:`_put` writes it, in a few array writes."""
+        if not rows_hold(cfg):
+            msg = "only streams with the recent smoother and lower = 0 become rows"
+            raise ValueError(msg)
+        s = release_layers(cfg, s)
+        for theta in set(thetas):
+            shared_laplace(cfg.epsilon / (cfg.height - s), theta)  # refuses the theta the walk would refuse
+        w = cfg.fanout**s
+        rows = [self._new_row() for _ in thetas]
+        ci = self._config_index.get(cfg)
+        if ci is None:
+            ci = self._config_index[cfg] = len(self.configs)
+            self.configs.append(cfg)
+        at = np.array(rows, dtype=np.int64)
+        u0 = w * np.array(starts, dtype=np.float64)  # SmootherState.initial: u_0 = w * start, pred on the grid
+        self.config[at] = ci
+        self.key[at] = keys
+        self.theta[at] = thetas
+        self.layers_kept[at] = s
+        self.width[at] = w
+        self.pos[at] = self.leaf_sum[at] = 0
+        self.pred[at] = _grid(u0 / w)
+        self.u0[at] = u0
+        self.ticks[at] = ticks
+        self.clamped[at] = clamped
+        self.bound[at] = cfg.bound
+        self.bound_units[at] = math.floor(cfg.span / cfg.resolution + 1e-9)
+        self.resolution[at] = cfg.resolution
+        self.head[at] = self.avail[at] = self.drawn[at] = 0
+        return rows
 
     def add_snapshot(self, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> int | None:
         """A stored releasing stream straight into a row: the row :meth:`add` makes of ``ToPS.restore(config, key,

@@ -29,6 +29,7 @@ unchanged; the daemon's router hands a stream its operator back for the reading 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -36,12 +37,12 @@ import numpy as np
 
 from operators.columnar import RowStore, RowView, checked_batch
 from operators.config import ToPSConfig
-from operators.noise import KeyedGenerator
-from operators.selection import BlockStats
+from operators.noise import KeyedGenerator, KeyRows
+from operators.selection import BlockStats, choose_small_dense, chooses_small
 from operators.threshold import candidate_grid
-from operators.tops import ToPS, _pending_array
+from operators.tops import ToPS, _choice_parameters, _pending_array
 
-__all__ = ["MIN_HOLDOUT_LEFT", "ColumnarHoldout", "HoldoutRow", "holdout_eligible"]
+__all__ = ["MIN_HOLDOUT_LEFT", "ColumnarHoldout", "HoldoutRow", "born_in_rows", "ends_in_rows", "holdout_eligible"]
 
 _KEY_BYTES = 32
 _SCALARS = ("pos", "ticks", "clamped")
@@ -59,6 +60,29 @@ def holdout_eligible(op: Any) -> bool:
     general path, and rows do not)."""
     return (type(op) is ToPS and op.theta_units is None and op.config.holdout_grid == "compact"
             and op.config.lower == 0)
+
+
+@functools.lru_cache(maxsize=256)
+def ends_in_rows(config: ToPSConfig) -> bool:
+    """Whether the holdout rows of a configuration take their last reading too and end together, row to row
+    (:meth:`ColumnarHoldout.choose_ends`, without an operator): a holdout on the compact grid too short to measure a
+    leaf width, chosen by the calibrated choice's small branch (:func:`operators.selection.choose_small_many`). Such
+    a stream is a row from its first reading, however short its holdout."""
+    if config.theta is not None or config.holdout_grid != "compact" or config.lower != 0 \
+            or config.selection != "calibrated":
+        return False
+    m = config.holdout_ticks
+    if m > np.iinfo(np.uint16).max or BlockStats(config.fanout, config.holdout, 1, config.query_range).widths:
+        return False
+    return chooses_small(candidate_grid(config.span, config.resolution, True), holdout=config.holdout,
+                         threshold_epsilon=config.threshold_epsilon or config.epsilon)
+
+
+def born_in_rows(config: ToPSConfig) -> bool:
+    """Whether a new stream of a configuration is a holdout row from the start (what the daemon's router makes of a
+    new ToPS stream that :func:`holdout_eligible` admits, with a holdout that is long enough or ends in rows)."""
+    return (config.theta is None and config.holdout_grid == "compact" and config.lower == 0
+            and (config.holdout_ticks >= MIN_HOLDOUT_LEFT or ends_in_rows(config)))
 
 
 class ColumnarHoldout(RowStore):
@@ -82,12 +106,13 @@ class ColumnarHoldout(RowStore):
         self.widths = np.asarray(model.widths if self.has_blocks else (), dtype=np.int64)
         self.caps = np.asarray(model.caps, dtype=np.int64)
         self._block_shape = (len(self.widths), len(self.caps))
-        # the narrowest integers that hold a row's numbers: a row never takes the holdout's last reading (its
-        # operator does), so a cell counts at most m - 1; a block's truncated sum is at most its width times the top
-        # cap (2^30 keeps their differences inside 32 bits too)
+        # the narrowest integers that hold a row's numbers: a row takes the holdout's last reading only where it ends
+        # in rows (then m fits 16 bits: ends_in_rows), else its operator does, so a cell counts at most m - 1; a
+        # block's truncated sum is at most its width times the top cap (2^30 keeps their differences inside 32 bits)
         self._hist_type = np.uint16 if config.holdout_ticks - 1 <= np.iinfo(np.uint16).max else np.int32
         top = int(self.widths.max(initial=0)) * int(self.caps.max(initial=0))
         self._sum_type = np.int32 if top < 1 << 30 else np.int64
+        self.ends_in_rows = ends_in_rows(config)
         super().__init__(capacity)
 
     def _columns(self) -> list[tuple[str, Any, tuple[int, ...]]]:
@@ -109,6 +134,11 @@ class ColumnarHoldout(RowStore):
         if not holdout_eligible(op) or op.config != self.config:
             msg = "only a ToPS stream of this configuration, in its holdout, becomes a row"
             raise ValueError(msg)
+        blocks = op._blocks
+        if (op.ticks == 0 and not op._pending and type(op._hist) is dict and not op._hist
+                and (blocks is None or (not blocks.widths and blocks.pos == 0))):
+            # a new stream (a daemon makes one for every new stream): the fresh row, in a few writes
+            return self.add_new(op._gen._key)
         op._flush()  # the block statistics take the pending readings (exact however batched)
         hist, blocks = op._hist, op._blocks
         # the narrow types hold whatever a holdout can count; a stored state that counts more (a corrupt or forged
@@ -139,6 +169,20 @@ class ColumnarHoldout(RowStore):
         self.key[r] = np.frombuffer(op._gen._key, dtype=np.uint8)
         return r
 
+    def add_new(self, key: bytes) -> int:
+        """A new stream of this configuration (no reading yet) with ``key``: the row :meth:`add` makes of
+        ``ToPS(config, key)``, without building that operator (a daemon makes one for every new stream)."""
+        if not isinstance(key, bytes | bytearray) or len(key) != _KEY_BYTES:
+            msg = f"a stream key is {_KEY_BYTES} bytes"
+            raise ValueError(msg)
+        r = self._new_row()
+        self.hist[r] = 0
+        self.partial[r] = self.acc[r] = self.pairs[r] = 0
+        self.prev[r] = -1  # no previous block yet (BlockStats' own start; -1 too where no block is kept)
+        self.pos[r] = self.ticks[r] = self.clamped[r] = 0
+        self.key[r] = np.frombuffer(key, dtype=np.uint8)
+        return r
+
     def release(self, r: int) -> None:
         """Free row ``r`` (its stream left memory, or took its operator back); its key is wiped."""
         self._give_back(r)
@@ -147,22 +191,40 @@ class ColumnarHoldout(RowStore):
         """Readings row ``r`` still takes before its holdout ends."""
         return max(0, self.config.holdout_ticks - int(self.ticks[r]))
 
-    def process(self, rows: np.ndarray, values: np.ndarray, *, checked: bool = False) -> None:
+    def process(self, rows: np.ndarray, values: np.ndarray, *, checked: bool = False, end: bool = False) -> None:
         """Count every reading (``values[i]`` of stream ``rows[i]``), in order. Each row must take fewer readings here
-        than it has left in its holdout. ``checked``: the caller guarantees int64 rows in use that stay inside their
-        holdouts and finite float64 values (the daemon's router): the checks are skipped."""
+        than it has left in its holdout; with ``end`` (only where :attr:`ends_in_rows`), at most what it has left:
+        :meth:`choose_ends` then ends the rows that took their last one. ``checked``: the caller guarantees int64 rows
+        in use that stay inside their holdouts and finite float64 values (the daemon's router): the checks are
+        skipped."""
         from operators._holdout_kernel import holdout_batch
 
+        if end and not self.ends_in_rows:
+            msg = "the rows of this configuration do not end in rows: their operators (take) make the choice"
+            raise ValueError(msg)
         if not checked:
             rows, values = checked_batch(rows, values, self.rows)
             used, n = np.unique(rows, return_counts=True)
-            if used.size and (self.ticks[used] + n >= self.config.holdout_ticks).any():
-                msg = "a row's holdout would end here: its operator (take) makes the choice"
+            if used.size and (self.ticks[used] + n > self.config.holdout_ticks - (not end)).any():
+                msg = ("more readings than the holdout has left" if end else
+                       "a row's holdout would end here: its operator (take) makes the choice")
                 raise ValueError(msg)
         cfg = self.config
         holdout_batch(rows, values, self.candidates, float(cfg.bound), float(cfg.resolution), self.bound_units,
                       self.has_blocks, self.widths, self.caps, self.hist, self.partial, self.prev, self.acc,
                       self.pairs, self.pos, self.ticks, self.clamped)
+
+    def choose_ends(self, rows: np.ndarray) -> tuple[list[int], int, list[float]] | None:
+        """The choices that end the holdouts of ``rows`` (each took its last reading: :meth:`process` with ``end``), as
+        ``(thetas, s, starts)``: what each stream's own operator chooses (:func:`operators.tops.choose_ends`, bit for
+        bit), from the rows' histograms and keys in a few compiled calls. None when the compiled kernels are not
+        loaded (the caller takes the operators back: :meth:`take`). The rows stay; the caller releases them."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not self.ends_in_rows or (self.ticks[rows] != self.config.holdout_ticks).any():
+            msg = "choose_ends() takes rows whose holdout took its last reading, of a configuration that ends in rows"
+            raise ValueError(msg)
+        return choose_small_dense(self.hist[rows], self.pairs[rows], KeyRows(self.key[rows]), self.candidates,
+                                  **_choice_parameters(self.config))
 
     def operator(self, r: int) -> ToPS:
         """A ToPS object holding row ``r``'s state: the histogram, block statistics and counters the stream's own

@@ -61,7 +61,9 @@ import enum
 import functools
 import math
 import os
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
@@ -560,7 +562,51 @@ class KeyedGenerator:
         return out
 
 
-def discrete_laplace_one_many(gens: list[KeyedGenerator], domain: int, address: int, index: int,
+class KeyRows:
+    """The keys of many streams as rows of a ``(n, 32)`` uint8 array (a columnar store's key column), seen as the list
+    of their generators that :func:`words_many` and :func:`discrete_laplace_one_many` take: their compiled paths read
+    the rows' words at once, without a :class:`KeyedGenerator` per stream; ``rows[i]`` is stream ``i``'s generator (a
+    slice, the keys of a slice). Holds secrets: never printed, never pickled."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: np.ndarray) -> None:
+        if keys.dtype != np.uint8 or keys.ndim != 2 or keys.shape[1] != KEY_BYTES:
+            msg = f"key rows are an (n, {KEY_BYTES}) uint8 array"
+            raise ValueError(msg)
+        self._keys = keys
+
+    def __repr__(self) -> str:  # never print a key
+        return f"KeyRows(n={len(self._keys)}, <secret>)"
+
+    def __reduce__(self):
+        msg = "KeyRows holds secrets and is not picklable"
+        raise TypeError(msg)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return KeyRows(self._keys[i])
+        return KeyedGenerator(self._keys[i].tobytes())
+
+    def __iter__(self) -> Iterator[KeyedGenerator]:
+        return (KeyedGenerator(k.tobytes()) for k in self._keys)
+
+    def key_words(self) -> np.ndarray:
+        """Row ``i``: key ``i`` as :meth:`KeyedGenerator.key_words` gives it (secret: for a kernel, then dropped)."""
+        return np.ascontiguousarray(self._keys).view("<u4").astype(np.uint64)
+
+
+def _stacked_key_words(gens: Sequence[KeyedGenerator] | KeyRows) -> np.ndarray:
+    """The key words of every generator, a row each (what the compiled many-stream kernels take)."""
+    if isinstance(gens, KeyRows):
+        return gens.key_words()
+    return np.stack([g.key_words() for g in gens])
+
+
+def discrete_laplace_one_many(gens: Sequence[KeyedGenerator] | KeyRows, domain: int, address: int, index: int,
                               noises: list[DiscreteLaplace]) -> list[int]:
     """``gens[i].discrete_laplace_one(domain, address, index, noises[i])`` for every i, the same values: in one
     compiled call once the kernels are loaded (many streams ending their holdout in one step draw one each); a sample
@@ -572,7 +618,7 @@ def discrete_laplace_one_many(gens: list[KeyedGenerator], domain: int, address: 
         return [g.discrete_laplace_one(domain, address, index, dl) for g, dl in zip(gens, noises, strict=True)]
     from operators._dlap_kernel import sample_one_many
 
-    keys = np.stack([g.key_words() for g in gens])
+    keys = _stacked_key_words(gens)
     params = np.array([(dl.log2_t, dl.s, dl.q, dl.r) for dl in noises], dtype=np.int64).reshape(-1, 4)
     out, ok = sample_one_many(keys, int(index), int(domain), int(address) & 0xFFFFFFFF, int(address) >> 32,
                               params[:, 0], params[:, 1], params[:, 2], params[:, 3])
@@ -582,7 +628,7 @@ def discrete_laplace_one_many(gens: list[KeyedGenerator], domain: int, address: 
     return values
 
 
-def words_many(gens: list[KeyedGenerator], domain: int, address: int, count: int) -> np.ndarray:
+def words_many(gens: Sequence[KeyedGenerator] | KeyRows, domain: int, address: int, count: int) -> np.ndarray:
     """Row ``i``: ``gens[i].words(domain, address, 0, count)`` (the same words), for many streams at once: in one
     compiled call while the compiled ChaCha20 beats OpenSSL's (``_SMALL_BLOCKS``), else stream by stream."""
     nblocks = -(-count // _WORDS_PER_BLOCK)
@@ -591,6 +637,6 @@ def words_many(gens: list[KeyedGenerator], domain: int, address: int, count: int
         return np.array([g.words(domain, address, 0, count) for g in gens], dtype=np.uint64).reshape(len(gens), count)
     from operators._chacha_kernel import keystream_many
 
-    keys = np.stack([g.key_words() for g in gens])
+    keys = _stacked_key_words(gens)
     out = keystream_many(keys, 0, int(domain), int(address) & 0xFFFFFFFF, int(address) >> 32, nblocks)
     return out[:, :count] if out.shape[1] != count else out

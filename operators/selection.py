@@ -71,8 +71,10 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -82,6 +84,7 @@ from operators.noise import (
     DiscreteLaplace,
     Domain,
     KeyedGenerator,
+    KeyRows,
     _words_to_uniform,
     compiled_loaded,
     discrete_laplace_one_many,
@@ -652,7 +655,7 @@ def choose(
 def choose_small_many(
     cells: list[Cells],
     blocks: list[BlockStats],
-    gens: list[KeyedGenerator],
+    gens: Sequence[KeyedGenerator] | KeyRows,
     candidates: np.ndarray,
     *,
     epsilon: float,
@@ -671,17 +674,77 @@ def choose_small_many(
     ``fixed_s`` or Eq. 7's), every histogram given by its occupied cells. There the choice reads the words of its
     report-noisy-max and the one draw of the smoother's start; both are drawn here for all streams together. None when
     a holdout is not of that kind, or the compiled kernels are not loaded: the caller chooses stream by stream."""
-    expect_draws(len(cells))
+    if any(b.widths and b.pairs[0] >= 1 for b in blocks):
+        return None
+    offsets = np.zeros(len(cells) + 1, dtype=np.int64)
+    np.cumsum([c.index.size for c in cells], out=offsets[1:])
+    index = np.concatenate([c.index for c in cells]) if cells else np.zeros(0, dtype=np.int64)
+    count = np.concatenate([c.count for c in cells]) if cells else np.zeros(0, dtype=np.int64)
+    got = _choose_small(index, count, offsets, max((c.total for c in cells), default=0), gens, candidates,
+                        epsilon=epsilon, threshold_epsilon=threshold_epsilon, holdout=holdout, query_range=query_range,
+                        fanout=fanout, fixed_s=fixed_s)
+    if got is None:
+        return None
+    thetas, s, starts = got
+    return [Selection(theta, s, start, True) for theta, start in zip(thetas, starts, strict=True)]
+
+
+def chooses_small(candidates: np.ndarray, *, holdout: int, threshold_epsilon: float) -> bool:
+    """Whether a holdout of ``holdout`` readings over ``candidates`` that measures no leaf width is chosen by the small
+    branch (:func:`choose_small_many`): too little budget for the percentile."""
+    return _threshold_budgets(holdout, threshold_epsilon, _grids(candidates).geo.size)[0]
+
+
+def choose_small_dense(
+    hists: np.ndarray,
+    pairs: np.ndarray,
+    gens: Sequence[KeyedGenerator] | KeyRows,
+    candidates: np.ndarray,
+    **params: Any,
+) -> tuple[list[int], int, list[float]] | None:
+    """:func:`choose_small_many` for holdouts given as rows of dense arrays (a columnar holdout's: row ``i`` of
+    ``hists`` is stream ``i``'s histogram over the candidates, row ``i`` of ``pairs`` its block pairs per leaf width)
+    and the keys as :class:`~operators.noise.KeyRows`: the same choices, as ``(thetas, s, starts)`` (every stream's
+    theta and smoother start, the one s of the branch), without an object per stream. None where
+    :func:`choose_small_many` gives None."""
+    if pairs.size and (pairs[:, 0] >= 1).any():
+        return None
+    streams, index = np.nonzero(hists)
+    offsets = np.zeros(len(hists) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(streams, minlength=len(hists)), out=offsets[1:])
+    count = hists[streams, index].astype(np.int64)
+    top = int(hists.sum(axis=1, dtype=np.int64).max(initial=0))
+    return _choose_small(index.astype(np.int64), count, offsets, top, gens, candidates, **params)
+
+
+def _choose_small(
+    index: np.ndarray,
+    count: np.ndarray,
+    offsets: np.ndarray,
+    top_total: int,
+    gens: Sequence[KeyedGenerator] | KeyRows,
+    candidates: np.ndarray,
+    *,
+    epsilon: float,
+    threshold_epsilon: float,
+    holdout: int,
+    query_range: int,
+    fanout: int,
+    fixed_s: int | None = None,
+) -> tuple[list[int], int, list[float]] | None:
+    """The small branch's choices of ``len(offsets) - 1`` holdouts (stream ``i``'s occupied cells ``index[offsets[i]:
+    offsets[i + 1]]`` with their counts; ``top_total``: the most readings of one): ``(thetas, s, starts)``, or None
+    (another branch, too large a sum, or no compiled kernels)."""
+    n = len(offsets) - 1
+    expect_draws(n)
     kernels = _counts_kernel()
     m = holdout
     grid = _grids(candidates)
     values = grid.values
-    if kernels is None or not cells:
+    if kernels is None or n <= 0:
         return None
     fallback, _eps_q, eps_t = _threshold_budgets(m, threshold_epsilon, grid.geo.size)
-    if not fallback or any(b.widths and b.pairs[0] >= 1 for b in blocks):
-        return None
-    if any(c.total * float(values[-1]) >= 2.0**53 for c in cells):
+    if not fallback or top_total * float(values[-1]) >= 2.0**53:
         return None
     h = tree_height(query_range, fanout)
     s_options = [fixed_s] if fixed_s is not None else list(range(h))
@@ -694,27 +757,30 @@ def choose_small_many(
         _warm_small_many(base, points)
     from operators._selection_kernel import cells_noisy_max_many
 
-    offsets = np.zeros(len(cells) + 1, dtype=np.int64)
-    np.cumsum([c.index.size for c in cells], out=offsets[1:])
-    index = np.concatenate([c.index for c in cells])
-    count = np.concatenate([c.count for c in cells])
-    picks = np.empty(len(cells), dtype=np.int64)
-    totals = np.empty(len(cells), dtype=np.int64)
-    for a in range(0, len(cells), _WORDS_AT_ONCE):  # the words of a few hundred streams at a time (34 KB each at most)
-        b = min(a + _WORDS_AT_ONCE, len(cells))
+    picks = np.empty(n, dtype=np.int64)
+    totals = np.empty(n, dtype=np.int64)
+    for a in range(0, n, _WORDS_AT_ONCE):  # the words of a few hundred streams at a time (34 KB each at most)
+        b = min(a + _WORDS_AT_ONCE, n)
         words = np.ascontiguousarray(words_many(gens[a:b], int(Domain.THRESHOLD), 4, len(candidates)))
         picks[a:b], totals[a:b] = cells_noisy_max_many(words, index, count, offsets[a : b + 1], base, eps_t, points)
     thetas = candidates[picks].tolist()
-    noises = [_dlap_noise(eps_s, theta) for theta in thetas]  # step 6: the start's draw (address 3)
+    noise_at: dict[int, DiscreteLaplace | None] = {}  # step 6's noise per theta (a handful of distinct thetas)
+    for theta in thetas:
+        if theta not in noise_at:
+            noise_at[theta] = _dlap_noise(eps_s, theta)
+    noises = [noise_at[theta] for theta in thetas]  # step 6: the start's draw (address 3)
     drawn = [i for i, dl in enumerate(noises) if dl is not None]
-    got = discrete_laplace_one_many([gens[i] for i in drawn], int(Domain.THRESHOLD), 3, 0, [noises[i] for i in drawn])
+    if len(drawn) == n:
+        got = discrete_laplace_one_many(gens, int(Domain.THRESHOLD), 3, 0, noises)  # type: ignore[arg-type]
+    else:
+        got = discrete_laplace_one_many([gens[i] for i in drawn], int(Domain.THRESHOLD), 3, 0,
+                                        [noises[i] for i in drawn])  # type: ignore[misc]
     noise_of: dict[int, int] = dict(zip(drawn, got, strict=True))
-    out = []
+    starts = []
     for i, (theta, total) in enumerate(zip(thetas, totals.tolist(), strict=True)):
         noise = noise_of.get(i)
-        start = theta / 2.0 if noise is None else min(max((round(total) + noise) / m, 0.0), float(theta))
-        out.append(Selection(theta, s, start, True))
-    return out
+        starts.append(theta / 2.0 if noise is None else min(max((round(total) + noise) / m, 0.0), float(theta)))
+    return thetas, s, starts
 
 
 _SMALL_MANY_READY = False

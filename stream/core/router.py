@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from operators.columnar import ColumnarRelease, RowOperator, columnar_eligible, rows_hold
-from operators.columnar_holdout import MIN_HOLDOUT_LEFT, ColumnarHoldout, HoldoutRow, holdout_eligible
+from operators.columnar_holdout import MIN_HOLDOUT_LEFT, ColumnarHoldout, HoldoutRow, ends_in_rows, holdout_eligible
 from operators.tops import ToPS, choose_ends
 from stream.core.errors import StreamCapError
 from stream.core.ticking import CategoryBins, PeriodBins, PeriodClock
@@ -145,7 +145,8 @@ class Router:
         """A stream in its holdout (on the compact grid, with at least ``MIN_HOLDOUT_LEFT`` readings to come) becomes a
         row of its configuration's columnar holdout."""
         op = rec.operator
-        if self.holdouts is not None and holdout_eligible(op) and op.holdout_left >= MIN_HOLDOUT_LEFT:
+        if self.holdouts is not None and holdout_eligible(op) and (op.holdout_left >= MIN_HOLDOUT_LEFT
+                                                                    or ends_in_rows(op.config)):
             store = self.holdouts.get(op.config)
             if store is None:
                 store = self.holdouts[op.config] = ColumnarHoldout(op.config)
@@ -523,11 +524,13 @@ class Router:
         """Every dirty ToPS stream (an object or a holdout row) whose holdout ends in this step takes its last holdout
         readings, and the choices that end them are made together (:func:`operators.tops.choose_ends`: the small
         holdouts of one configuration in a few compiled calls; the same choice, bit for bit, as each stream's own
-        ``process``). A stream that can be a row goes straight into its row (without the release objects its operator
-        would build); its readings after the holdout stay pending, for the release below. The readings of ToPS
-        streams (objects) that stay in their holdout are taken here too (:meth:`_hold`)."""
+        ``process``). Holdout rows of a configuration that ends in rows end row to row (:meth:`_end_rows`). A stream
+        that can be a row goes straight into its row (without the release objects its operator would build); its
+        readings after the holdout stay pending, for the release below. The readings of ToPS streams (objects) that
+        stay in their holdout are taken here too (:meth:`_hold`)."""
         ending = []
         staying = []
+        in_rows = []
         for rec in self.dirty.values():
             op, pending = rec.operator, rec.pending
             if pending:
@@ -535,15 +538,15 @@ class Router:
                 if t is ToPS and op.theta_units is None:
                     (ending if len(pending) >= op.holdout_left else staying).append(rec)
                 elif t is HoldoutRow and len(pending) >= op.holdout_left:
-                    ending.append(rec)
+                    (in_rows if op.pool.ends_in_rows else ending).append(rec)
         t0 = time.perf_counter()
         if staying:
             self._hold(staying)
-        if len(ending) < 2:  # one stream: its own path makes the same choice
-            if staying:
+        held = self._end_rows(in_rows) if in_rows else []
+        if not held and len(ending) < 2:  # one stream: its own path makes the same choice
+            if staying or in_rows:
                 self.latencies.append(time.perf_counter() - t0)
             return
-        held: list[tuple[StreamRecord, ToPS]] = []
         for rec in ending:
             self._unlend(rec)
             values, ts = rec.pending, rec.pending_ts
@@ -557,10 +560,7 @@ class Router:
             except Exception as exc:  # an operator bug must not stop the other streams
                 self.fail(rec, f"operator failed ({type(exc).__name__}); {len(values)} ticks not released")
                 continue
-            rec.pending, rec.pending_ts = (values[n:], ts[n:]) if len(values) > n else (None, None)
-            rec.ticks += n
-            self.ticks_processed += n
-            self.ticks_total += n
+            self._took_last(rec, n)
             held.append((rec, op))
         try:
             chosen = choose_ends([op for _, op in held])
@@ -579,11 +579,71 @@ class Router:
             except Exception as exc:  # an operator bug must not stop the other streams
                 self.fail(rec, f"operator failed ({type(exc).__name__}) at the end of its holdout")
                 continue
-            rec.phase = "releasing"
-            rec.status_due = False
-            self.in_holdout -= 1
-            self.status_now.append(rec)
+            self._started(rec)
         self.latencies.append(time.perf_counter() - t0)
+
+    def _took_last(self, rec: StreamRecord, n: int) -> None:
+        """A stream took its last ``n`` holdout readings: what follows them stays pending, for the release."""
+        values, ts = rec.pending, rec.pending_ts
+        assert values is not None and ts is not None
+        rec.pending, rec.pending_ts = (values[n:], ts[n:]) if len(values) > n else (None, None)
+        rec.ticks += n
+        self.ticks_processed += n
+        self.ticks_total += n
+
+    def _started(self, rec: StreamRecord) -> None:
+        """The bookkeeping of a stream whose holdout ended: releasing from now on, its status out at once."""
+        rec.phase = "releasing"
+        rec.status_due = False
+        self.in_holdout -= 1
+        self.status_now.append(rec)
+
+    def _end_rows(self, recs: list[StreamRecord]) -> list[tuple[StreamRecord, ToPS]]:
+        """Holdout rows whose holdout ends in this step, of configurations that end in rows (a holdout too short to
+        measure a leaf width: ``ColumnarHoldout.ends_in_rows``): per configuration, the rows take their last readings
+        in one compiled pass, the choices are made from the rows (``ColumnarHoldout.choose_ends``: what each stream's
+        operator chooses) and the streams go straight into release rows (``ColumnarRelease.add_started``), with no
+        operator object on the way. Returns the streams given back as operators with their holdout taken (no compiled
+        kernels loaded, or a configuration rows do not release): the caller chooses for them."""
+        groups: dict[int, tuple[ColumnarHoldout, list[StreamRecord]]] = {}
+        for rec in recs:
+            g = groups.get(id(rec.operator.pool))
+            if g is None:
+                g = groups[id(rec.operator.pool)] = (rec.operator.pool, [])
+            g[1].append(rec)
+        back: list[tuple[StreamRecord, ToPS]] = []
+        pool = self.pool
+        for store, group in groups.values():
+            for rec in group:
+                self._unlend(rec)
+            rows = np.array([rec.operator.row for rec in group], dtype=np.int64)
+            lefts = (store.config.holdout_ticks - store.ticks[rows]).tolist()
+            values = [v for rec, n in zip(group, lefts, strict=True) for v in rec.pending[:n]]  # type: ignore[index]
+            try:
+                # readings were validated on intake (finite numbers); each row takes exactly what it has left
+                store.process(np.repeat(rows, lefts), np.array(values, dtype=np.float64), checked=True, end=True)
+                chosen = store.choose_ends(rows) if pool is not None and rows_hold(store.config) else None
+                if chosen is not None:
+                    assert pool is not None
+                    thetas, s, starts = chosen
+                    made = pool.add_started(store.config, store.key[rows], thetas, s, starts, store.ticks[rows],
+                                            store.clamped[rows])
+            except Exception as exc:  # a bug: the streams of this pass fail, no other
+                for rec in group:
+                    self.fail(rec, f"operator failed ({type(exc).__name__}) at the end of its holdout")
+                continue
+            for rec, n in zip(group, lefts, strict=True):
+                self._took_last(rec, n)
+            if chosen is None:
+                for rec in group:
+                    rec.operator = op = store.take(rec.operator.row)
+                    back.append((rec, op))
+                continue
+            for rec, r in zip(group, made, strict=True):
+                store.release(rec.operator.row)
+                rec.operator = RowOperator(pool, r)  # type: ignore[arg-type]
+                self._started(rec)
+        return back
 
     def _release_rows(self) -> dict[str, list[float]] | None:
         """The pending readings of every dirty stream that is a row, released in one compiled pass (the same
