@@ -1,0 +1,249 @@
+"""Holdouts that end row to row (issue 13): on the compact grid, a holdout too short to measure a leaf width (the
+calibrated choice's small branch) is a row of a columnar holdout from its first reading, takes its last reading in the
+row too, its choice is made from the rows (``ColumnarHoldout.choose_ends``) and it goes straight into a release row
+(``ColumnarRelease.add_started``), with no ToPS object on the way. Each stream must still release exactly what its
+own ``process`` releases (the daemon and ``tops replay`` agree bit for bit), the rows must be the very rows the object
+path writes, and a bug in the batch fails its own streams only."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+
+import numpy as np
+import pytest
+
+from operators import noise, selection
+from operators.columnar import ColumnarRelease, RowOperator
+from operators.columnar_holdout import ColumnarHoldout, HoldoutRow, born_in_rows, ends_in_rows
+from operators.config import ToPSConfig
+from operators.noise import KeyedGenerator, KeyRows, discrete_laplace_one_many, words_many
+from operators.tops import ToPS, choose_ends
+from stream.core.router import Router
+from tests.test_columnar_router import run
+from tests.test_holdout_ends import key_of, readings
+
+
+@pytest.fixture(autouse=True)
+def _compiled() -> None:
+    noise._kernel(1 << 16)  # the compiled kernels, as a daemon (which draws often) has them
+    assert noise.compiled_loaded()
+
+
+def test_which_configurations_end_in_rows() -> None:
+    small = ToPSConfig(epsilon=1.0, bound=5000, holdout=3, holdout_grid="compact")
+    assert ends_in_rows(small) and born_in_rows(small)
+    assert not ends_in_rows(ToPSConfig(epsilon=1.0, bound=5000, holdout=3))  # the exact grid: no rows
+    assert not ends_in_rows(ToPSConfig(epsilon=1.0, bound=5000, holdout=3, holdout_grid="compact", selection="paper"))
+    long = ToPSConfig(epsilon=1.0, bound=5000, holdout=40, holdout_grid="compact")  # a leaf width fits twice
+    assert not ends_in_rows(long) and born_in_rows(long)
+    short = ToPSConfig(epsilon=1.0, bound=5000, holdout=5, holdout_grid="compact", lower=1)
+    assert not ends_in_rows(short) and not born_in_rows(short)
+    assert not born_in_rows(ToPSConfig(epsilon=1.0, bound=5000, theta=10, holdout_grid="compact"))
+    # the percentile's branch (m eps large enough), no leaf width measured: the operators choose
+    wide = ToPSConfig(epsilon=1.0, bound=5000, holdout=2000, fanout=4096, query_range=4096, holdout_grid="compact")
+    assert not ends_in_rows(wide)
+
+
+@pytest.mark.parametrize("cfg", [
+    ToPSConfig(epsilon=1.0, bound=5000, holdout=3, holdout_grid="compact"),
+    ToPSConfig(epsilon=1.0, bound=100, holdout=40, holdout_grid="compact", fanout=4, query_range=256),
+    ToPSConfig(epsilon=0.5, bound=100, holdout=20, holdout_grid="compact", selection="paper"),
+])
+def test_a_new_row_is_the_row_of_a_new_operator(cfg: ToPSConfig) -> None:
+    """``add_new`` (a new stream's row, no operator built) writes what ``add`` writes for a new ToPS, every column;
+    ``add`` of a new operator takes the same short path, and of one that took readings, the general one."""
+    direct, via = ColumnarHoldout(cfg, capacity=2), ColumnarHoldout(cfg, capacity=2)
+    keys = [key_of(f"k{i}") for i in range(5)]
+    for k in keys:
+        direct.add_new(k)
+        via.add(ToPS(cfg, k))
+    for name, _, _ in direct._columns():
+        assert np.array_equal(getattr(direct, name)[:5], getattr(via, name)[:5]), name
+    assert direct.operator(3).snapshot() == ToPS(cfg, keys[3]).snapshot()
+    used = ToPS(cfg, keys[0])
+    used.process(np.array([7.0, 9000.0]))
+    r = via.add(used)
+    assert via.operator(r).snapshot() == used.snapshot() and int(via.clamped[r]) == 1
+    with pytest.raises(ValueError, match="32 bytes"):
+        direct.add_new(b"short")
+
+
+def held_rows(cfg: ToPSConfig, n: int, seed: int) -> tuple[ColumnarHoldout, np.ndarray, list[ToPS], np.ndarray]:
+    """``n`` streams whose whole holdout went into rows (in interleaved batches, the last readings with ``end``), and
+    the same streams as operators that took the same readings with ``hold``."""
+    rng = np.random.default_rng(seed)
+    keys = [rng.bytes(32) for _ in range(n)]
+    data = readings(rng, n * cfg.holdout, cfg.bound).reshape(n, cfg.holdout)
+    store = ColumnarHoldout(cfg, capacity=8)
+    rows = np.array([store.add_new(k) for k in keys], dtype=np.int64)
+    for t in range(cfg.holdout - 1):
+        store.process(rows, data[:, t])
+    store.process(rows, data[:, -1], end=True)
+    ops = [ToPS(cfg, k) for k in keys]
+    for op, d in zip(ops, data, strict=True):
+        op.hold(d)
+    return store, rows, ops, data
+
+
+@pytest.mark.parametrize("holdout", [1, 2, 3, 7, 31])
+@pytest.mark.parametrize(("epsilon", "threshold_epsilon", "bound"), [(1.0, None, 5000.0), (0.3, 0.9, 1e6)])
+def test_rows_choose_and_start_what_the_operators_do(holdout: int, epsilon: float, threshold_epsilon: float | None,
+                                                     bound: float) -> None:
+    """From rows: the same choices, bit for bit, as the operators' (clamped readings and half-unit ties included);
+    the release rows ``add_started`` makes are the rows ``add_chosen`` makes, every column; they release the same."""
+    cfg = ToPSConfig(epsilon=epsilon, threshold_epsilon=threshold_epsilon, bound=bound, holdout=holdout,
+                     holdout_grid="compact", query_range=4096, fanout=16)
+    assert ends_in_rows(cfg)
+    store, rows, ops, _ = held_rows(cfg, 150, holdout)
+    assert [store.operator(int(r)).snapshot() for r in rows] == [op.snapshot() for op in ops]
+    chosen = store.choose_ends(rows)
+    assert chosen is not None
+    thetas, s, starts = chosen
+    want = choose_ends(ops)
+    assert [(t, s, st) for t, st in zip(thetas, starts, strict=True)] == [
+        (sel.theta_units, sel.smoother_layers, sel.start_units) for sel in want]
+    assert len(set(thetas)) > 1 and len(set(starts)) > 10
+    direct, via = ColumnarRelease(capacity=4), ColumnarRelease(capacity=4)
+    made = direct.add_started(cfg, store.key[rows], thetas, s, starts, store.ticks[rows], store.clamped[rows])
+    assert made == list(range(150))
+    for op, sel in zip(ops, want, strict=True):
+        via.add_chosen(op, sel)
+    for name, _, _ in direct._columns():
+        assert np.array_equal(getattr(direct, name)[:150], getattr(via, name)[:150]), name
+    rng = np.random.default_rng(holdout)
+    at, more = rng.integers(0, 150, 5000), readings(rng, 5000, bound)
+    assert np.array_equal(direct.process(at, more), via.process(at, more))
+
+
+def test_rows_refuse_what_is_not_a_holdouts_end() -> None:
+    cfg = ToPSConfig(epsilon=1.0, bound=100, holdout=3, holdout_grid="compact")
+    store = ColumnarHoldout(cfg, capacity=4)
+    a, b = store.add_new(key_of("a")), store.add_new(key_of("b"))
+    with pytest.raises(ValueError, match="would end here"):
+        store.process(np.array([a, a, a]), np.array([1.0, 2.0, 3.0]))  # the end needs end=True
+    with pytest.raises(ValueError, match="more readings than the holdout has left"):
+        store.process(np.array([a, a, a, a]), np.array([1.0, 2.0, 3.0, 4.0]), end=True)
+    store.process(np.array([a, a, a, b]), np.array([1.0, 2.0, 3.0, 4.0]), end=True)
+    with pytest.raises(ValueError, match="took its last reading"):
+        store.choose_ends(np.array([a, b]))  # b has two readings to come
+    assert store.choose_ends(np.array([a])) is not None
+    long = ColumnarHoldout(ToPSConfig(epsilon=1.0, bound=100, holdout=40, holdout_grid="compact"), capacity=2)
+    r = long.add_new(key_of("c"))
+    with pytest.raises(ValueError, match="do not end in rows"):
+        long.process(np.array([r]), np.array([1.0]), end=True)
+    with pytest.raises(ValueError, match="become rows"):
+        ColumnarRelease().add_started(ToPSConfig(epsilon=1.0, bound=100, holdout=3, smoother="moving"),
+                                      store.key[[a]], [4], 1, [2.0], np.array([3]), np.array([0]))
+
+
+def test_key_rows_are_the_streams_generators_and_stay_secret() -> None:
+    rng = np.random.default_rng(5)
+    keys = rng.integers(0, 256, (40, 32), dtype=np.uint8)
+    rows, gens = KeyRows(keys), [KeyedGenerator(k.tobytes()) for k in keys]
+    assert np.array_equal(rows.key_words(), np.stack([g.key_words() for g in gens]))
+    for count in (1, 203, 4296):  # the compiled ChaCha20, and OpenSSL's past 64 blocks
+        assert np.array_equal(words_many(rows, 1, 4, count), words_many(gens, 1, 4, count))
+    assert np.array_equal(words_many(rows[5:9], 1, 4, 30), words_many(gens[5:9], 1, 4, 30))
+    dls = [noise.DiscreteLaplace(0.2, int(s)) for s in rng.integers(1, 5000, 40)]
+    assert discrete_laplace_one_many(rows, 1, 3, 0, dls) == discrete_laplace_one_many(gens, 1, 3, 0, dls)
+    assert rows[7].words(2, 9, 0, 5).tolist() == gens[7].words(2, 9, 0, 5).tolist()
+    assert keys[0].tobytes().hex() not in repr(rows) and "secret" in repr(rows)
+    with pytest.raises(TypeError, match="not picklable"):
+        pickle.dumps(rows)
+    with pytest.raises(ValueError, match="uint8"):
+        KeyRows(keys.astype(np.int64))
+
+
+CFGS = [ToPSConfig(epsilon=1.0, bound=5000, holdout=3, holdout_grid="compact"),
+        ToPSConfig(epsilon=0.5, bound=5000, holdout=5),  # the exact grid: objects
+        ToPSConfig(epsilon=1.0, bound=5000, holdout=7, holdout_grid="compact", fanout=4, query_range=256)]
+
+
+@pytest.mark.parametrize("step", [1, 40, 5000])
+def test_the_router_ends_rows_in_rows(step: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streams of configurations that end in rows are rows from their first reading and never an operator on the way
+    to their release row (``take`` is never called), alongside streams that are objects; each releases what it
+    releases alone, and the router's counts stay right."""
+    taken = []
+    real_take = ColumnarHoldout.take
+    monkeypatch.setattr(ColumnarHoldout, "take", lambda self, r: taken.append(r) or real_take(self, r))
+    names = [f"m{i}" for i in range(90)]
+    cfg_of = {name: CFGS[i % 3] for i, name in enumerate(names)}
+    rng = np.random.default_rng(step)
+    feed = [(name, float(v)) for _ in range(12) for name, v in zip(names, readings(rng, len(names), 5000),
+                                                                  strict=True)]
+    router = Router(lambda name: ToPS(cfg_of[name], key_of(name)), 1000)
+    router.use_columns(capacity=4)
+    router.record("m0")
+    assert type(router.streams["m0"].operator) is HoldoutRow
+    got = run(router, feed, step)
+    assert not taken
+    assert router.in_holdout == 0 and all(rec.phase == "releasing" for rec in router.streams.values())
+    assert all(type(rec.operator) is RowOperator for rec in router.streams.values())
+    assert router.ticks_total == len(feed)
+    assert all(len(store) == 0 for store in router.holdouts.values())  # every holdout row was freed
+    for name in names:
+        values = np.array([v for n, v in feed if n == name])
+        alone = ToPS(cfg_of[name], key_of(name)).process(values)
+        assert got[name] == [(t, float(x)) for t, x in enumerate(alone) if x == x], name
+        assert router.streams[name].ticks == 12
+
+
+def test_without_the_compiled_kernels_rows_are_given_back_to_their_operators(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(selection, "_counts_kernel", lambda: None)
+    names = [f"m{i}" for i in range(40)]
+    router = Router(lambda name: ToPS(CFGS[0], key_of(name)), 100)
+    router.use_columns(capacity=4)
+    rng = np.random.default_rng(3)
+    feed = [(n, float(v)) for _ in range(5) for n, v in zip(names, readings(rng, 40, 5000), strict=True)]
+    got = run(router, feed, 25)
+    for name in names:
+        alone = ToPS(CFGS[0], key_of(name)).process(np.array([v for n, v in feed if n == name]))
+        assert got[name] == [(t, float(x)) for t, x in enumerate(alone) if x == x], name
+    assert router.in_holdout == 0
+
+
+def test_a_failing_batch_of_rows_fails_its_streams_only(monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    router = Router(lambda name: ToPS(CFGS[0], key_of(name)), 100)
+    router.use_columns()
+    run(router, [(f"m{i % 4}", 5.0) for i in range(8)], 8)  # four streams with one reading left
+
+    def broken(self: ColumnarHoldout, rows: np.ndarray) -> None:
+        raise RuntimeError("choice bug 77.5")
+
+    monkeypatch.setattr(ColumnarHoldout, "choose_ends", broken)
+    with caplog.at_level(logging.ERROR, logger="tops.router"):
+        got = run(router, [("m0", 77.5), ("m1", 5.0), ("m2", 6.0), ("fresh", 6.0)], 4)
+    assert got == {}
+    assert all(router.streams[n].failed for n in ("m0", "m1", "m2"))
+    assert not router.streams["m3"].failed and not router.streams["fresh"].failed
+    assert "77.5" not in caplog.text.replace("choice bug 77.5", "") and "RuntimeError" in caplog.text
+    assert router.in_holdout == 2 and router.failed == 3
+    monkeypatch.undo()
+    noise._kernel(1 << 16)
+    got = run(router, [("m3", 1.0), ("fresh", 2.0), ("fresh", 3.0), ("m3", 4.0)], 4)  # the others go on
+    assert set(got) == {"m3"} and router.streams["fresh"].phase == "releasing"
+
+
+def test_a_checkpoint_gets_the_states_at_the_cut_of_rows_ended_in_rows() -> None:
+    """Holdout rows lent to a checkpoint's writer, then ended row to row before the writer made their states: what
+    the writer makes is each stream's state at its cut (the row was freed and its key wiped in between)."""
+    import json
+
+    from stream.state.records import Lent, record_state, record_states
+
+    names = [f"m{i}" for i in range(40)]
+    router = Router(lambda name: ToPS(CFGS[0], key_of(name)), 100)
+    router.use_columns()
+    run(router, [(n, float(i)) for i, n in enumerate(names)] * 2, 10_000)  # one reading left each
+    recs = list(router.streams.values())
+    assert all(type(rec.operator) is HoldoutRow for rec in recs)
+    wants = {r.name: json.dumps(record_state(r), separators=(",", ":")) for r in recs}
+    states = record_states(recs)
+    assert all(type(s) is tuple and isinstance(s[0], Lent) for s in states.values())
+    run(router, [(n, 60.0) for n in names] * 2, 10_000)  # the ends (in rows) and a release each
+    assert all(type(rec.operator) is RowOperator for rec in recs)
+    made = {n: json.dumps(states[n][0].state(states[n][1]), separators=(",", ":")) for n in names}
+    assert made == wants
