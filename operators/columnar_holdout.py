@@ -139,6 +139,10 @@ class ColumnarHoldout(RowStore):
                 and (blocks is None or (not blocks.widths and blocks.pos == 0))):
             # a new stream (a daemon makes one for every new stream): the fresh row, in a few writes
             return self.add_new(op._gen._key)
+        return self._add_state(op)
+
+    def _add_state(self, op: ToPS) -> int:
+        """:meth:`add` of any state: every number of the operator copied into a new row."""
         op._flush()  # the block statistics take the pending readings (exact however batched)
         hist, blocks = op._hist, op._blocks
         # the narrow types hold whatever a holdout can count; a stored state that counts more (a corrupt or forged

@@ -51,15 +51,18 @@ def test_which_configurations_end_in_rows() -> None:
     ToPSConfig(epsilon=0.5, bound=100, holdout=20, holdout_grid="compact", selection="paper"),
 ])
 def test_a_new_row_is_the_row_of_a_new_operator(cfg: ToPSConfig) -> None:
-    """``add_new`` (a new stream's row, no operator built) writes what ``add`` writes for a new ToPS, every column;
-    ``add`` of a new operator takes the same short path, and of one that took readings, the general one."""
-    direct, via = ColumnarHoldout(cfg, capacity=2), ColumnarHoldout(cfg, capacity=2)
+    """``add_new`` (a new stream's row, no operator built) writes what the general ``add`` (every number of the
+    operator copied) writes for a new ToPS, every column; ``add`` of a new operator takes the short path, and of one
+    that took readings, the general one."""
+    direct, short, via = (ColumnarHoldout(cfg, capacity=2) for _ in range(3))
     keys = [key_of(f"k{i}") for i in range(5)]
     for k in keys:
         direct.add_new(k)
-        via.add(ToPS(cfg, k))
+        short.add(ToPS(cfg, k))
+        via._add_state(ToPS(cfg, k))
     for name, _, _ in direct._columns():
         assert np.array_equal(getattr(direct, name)[:5], getattr(via, name)[:5]), name
+        assert np.array_equal(getattr(short, name)[:5], getattr(via, name)[:5]), name
     assert direct.operator(3).snapshot() == ToPS(cfg, keys[3]).snapshot()
     used = ToPS(cfg, keys[0])
     used.process(np.array([7.0, 9000.0]))
