@@ -13,6 +13,7 @@ import contextlib
 import gc
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -101,6 +102,9 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.rejected = RateLimitedLog()
         self.msg_counts = dict.fromkeys(MESSAGE_RESULTS, 0)
+        # stdin: the bytes of a ``stream,value`` line's name -> the name (checked once: on_lines' common line)
+        self._csv_names: dict[bytes, str] = {}
+        self._csv_names_max = max(1 << 16, 2 * cfg.streams.max_streams)
         self.cap_readings = 0
         self.phase_log = PhaseLog()
         self.stdout_written = 0
@@ -462,7 +466,26 @@ class Daemon:
         now = time.time()
         # read once a batch: a configuration section's attribute costs about a microsecond (its __getattr__)
         limit, default = self.cfg.input.max_payload_bytes, self.cfg.input.default_stream
+        counts, router, names = self.msg_counts, self.router, self._csv_names
+        streams, isfinite = router.streams, math.isfinite
         for line in lines:
+            # the common line, ``stream,value``, of a stream already seen: what on_line does with it, without decoding
+            # its name again (the name's bytes as a line gives them, mapped to the name on_line checked)
+            parts = line.split(b",")
+            if len(parts) == 2 and (name := names.get(parts[0])) is not None and len(line) <= limit \
+                    and (rec := streams.get(name)) is not None:
+                try:
+                    value = float(parts[1])
+                except ValueError:
+                    value = math.nan
+                if isfinite(value):
+                    try:
+                        counts["failed" if router.add(rec, value, None, None, now) == "failed" else "ok"] += 1
+                    except OSError:
+                        raise
+                    except Exception as exc:
+                        self.message_failed(exc, f"stdin line for stream {rec.name!r}", rec)
+                    continue
             try:
                 self.on_line(line, now, limit, default)
             except OSError:
@@ -490,6 +513,14 @@ class Daemon:
             return
         if bad:
             router.counts["invalid"] += bad
+        first = line[:1]
+        if len(readings) == 1 and readings[0][2] is None and line.count(b",") == 1 and first \
+                and not first.isspace() and first not in (b"{", b"["):
+            # a ``stream,value`` line: its name's bytes are remembered (bounded: a flood of new names clears them)
+            names = self._csv_names
+            if len(names) >= self._csv_names_max:
+                names.clear()
+            names[line.split(b",")[0]] = readings[0][0]
         failed = 0
         for name, value, ts, seq in readings:
             rec = self.stream_record(name or default, now)
