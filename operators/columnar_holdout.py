@@ -62,12 +62,25 @@ def holdout_eligible(op: Any) -> bool:
             and op.config.lower == 0)
 
 
-@functools.lru_cache(maxsize=256)
 def ends_in_rows(config: ToPSConfig) -> bool:
     """Whether the holdout rows of a configuration take their last reading too and end together, row to row
     (:meth:`ColumnarHoldout.choose_ends`, without an operator): a holdout on the compact grid too short to measure a
     leaf width, chosen by the calibrated choice's small branch (:func:`operators.selection.choose_small_many`). Such
     a stream is a row from its first reading, however short its holdout."""
+    hit = _ENDS_IN_ROWS.get(id(config))  # by identity first: hashing a configuration costs a microsecond
+    if hit is not None and hit[0] is config:
+        return hit[1]
+    ends = _ends_in_rows(config)
+    if len(_ENDS_IN_ROWS) < 256:
+        _ENDS_IN_ROWS[id(config)] = (config, ends)  # the configuration is kept: its id cannot be reused
+    return ends
+
+
+_ENDS_IN_ROWS: dict[int, tuple[ToPSConfig, bool]] = {}
+
+
+@functools.lru_cache(maxsize=256)
+def _ends_in_rows(config: ToPSConfig) -> bool:
     if config.theta is not None or config.holdout_grid != "compact" or config.lower != 0 \
             or config.selection != "calibrated":
         return False
@@ -131,7 +144,7 @@ class ColumnarHoldout(RowStore):
     def add(self, op: ToPS) -> int:
         """Make a ToPS stream in its holdout a row (its state moves into the row; ``op`` is no longer needed:
         :meth:`operator` gives an object continuing the row)."""
-        if not holdout_eligible(op) or op.config != self.config:
+        if not holdout_eligible(op) or (op.config is not self.config and op.config != self.config):
             msg = "only a ToPS stream of this configuration, in its holdout, becomes a row"
             raise ValueError(msg)
         blocks = op._blocks
@@ -179,11 +192,14 @@ class ColumnarHoldout(RowStore):
         if not isinstance(key, bytes | bytearray) or len(key) != _KEY_BYTES:
             msg = f"a stream key is {_KEY_BYTES} bytes"
             raise ValueError(msg)
+        reused = bool(self._free)
         r = self._new_row()
-        self.hist[r] = 0
-        self.partial[r] = self.acc[r] = self.pairs[r] = 0
-        self.prev[r] = -1  # no previous block yet (BlockStats' own start; -1 too where no block is kept)
-        self.pos[r] = self.ticks[r] = self.clamped[r] = 0
+        if reused:  # a row never handed out is zeros (the arrays are made with np.zeros): only prev is not
+            self.hist[r] = 0
+            self.partial[r] = self.acc[r] = self.pairs[r] = 0
+            self.pos[r] = self.ticks[r] = self.clamped[r] = 0
+        if self._block_shape[0]:
+            self.prev[r] = -1  # no previous block yet (BlockStats' own start; -1 too where no block is kept)
         self.key[r] = np.frombuffer(key, dtype=np.uint8)
         return r
 

@@ -24,7 +24,15 @@ from typing import Any
 import numpy as np
 
 from operators.columnar import ColumnarRelease, RowOperator, columnar_eligible, rows_hold
-from operators.columnar_holdout import MIN_HOLDOUT_LEFT, ColumnarHoldout, HoldoutRow, ends_in_rows, holdout_eligible
+from operators.columnar_holdout import (
+    MIN_HOLDOUT_LEFT,
+    ColumnarHoldout,
+    HoldoutRow,
+    born_in_rows,
+    ends_in_rows,
+    holdout_eligible,
+)
+from operators.config import ToPSConfig
 from operators.tops import ToPS, choose_ends
 from stream.core.errors import StreamCapError
 from stream.core.ticking import CategoryBins, PeriodBins, PeriodClock
@@ -125,6 +133,7 @@ class Router:
         # ToPS streams in their holdout on the compact grid as rows of one columnar store per configuration, counted
         # together in one compiled pass per flush (operators/columnar_holdout.py); None: not used
         self.holdouts: dict[Any, ColumnarHoldout] | None = None
+        self._holdout_of: dict[int, ColumnarHoldout] = {}  # id of a configuration object -> its columnar holdout
 
     def use_columns(self, capacity: int = 1024, ahead: int = 64) -> None:
         """Keep releasing ToPS streams (Recent smoother, lower = 0) as rows of one columnar store from now on, each
@@ -142,18 +151,37 @@ class Router:
             rec.operator = RowOperator(self.pool, self.pool.add(rec.operator))
 
     def _adopt_holdout(self, rec: StreamRecord) -> None:
-        """A stream in its holdout (on the compact grid, with at least ``MIN_HOLDOUT_LEFT`` readings to come) becomes a
-        row of its configuration's columnar holdout."""
+        """A stream in its holdout (on the compact grid, with at least ``MIN_HOLDOUT_LEFT`` readings to come or a
+        holdout that ends in rows: ``ends_in_rows``) becomes a row of its configuration's columnar holdout."""
         op = rec.operator
         if self.holdouts is not None and holdout_eligible(op) and (op.holdout_left >= MIN_HOLDOUT_LEFT
                                                                     or ends_in_rows(op.config)):
-            store = self.holdouts.get(op.config)
-            if store is None:
-                store = self.holdouts[op.config] = ColumnarHoldout(op.config)
+            store = self._holdout_store(op.config)
             try:
                 rec.operator = HoldoutRow(store, store.add(op))
             except ValueError:  # numbers a row cannot hold (a stored state counting more than a holdout can)
                 pass
+
+    def _holdout_store(self, cfg: ToPSConfig) -> ColumnarHoldout:
+        """The columnar holdout of a configuration (made at its first stream)."""
+        assert self.holdouts is not None
+        store = self._holdout_of.get(id(cfg))  # by identity first: hashing a configuration costs a microsecond
+        if store is None or store.config is not cfg:
+            store = self.holdouts.get(cfg)
+            if store is None:
+                store = self.holdouts[cfg] = ColumnarHoldout(cfg)
+            self._holdout_of[id(cfg)] = store  # the store keeps its configuration: the id cannot be reused
+        return store
+
+    def holdout_row(self, cfg: ToPSConfig, key: bytes) -> HoldoutRow:
+        """A new ToPS stream of ``cfg`` with ``key`` as the holdout row :meth:`record` would make of ``ToPS(cfg, key)``
+        (``born_in_rows(cfg)``, after :meth:`use_columns`), without building that operator: what a daemon's factory
+        returns for each new stream of such a configuration."""
+        if self.holdouts is None or not born_in_rows(cfg):
+            msg = "only a configuration whose new streams are holdout rows, once the router uses columns"
+            raise ValueError(msg)
+        store = self._holdout_store(cfg)
+        return HoldoutRow(store, store.add_new(key))
 
     def record(self, name: str, now: float | None = None) -> StreamRecord:
         """The stream's record, created on first sight; :class:`StreamCapError` past the cap. ``now``: the time

@@ -42,6 +42,7 @@ from prometheus_client import Counter
 
 from operators import ToPS
 from operators.columnar import RowOperator
+from operators.columnar_holdout import HoldoutRow
 from stream.core.config import stream_params
 from stream.core.keys import derive_stream_key, load_master_key
 from stream.core.router import ReleaseBatch, StreamRecord
@@ -383,12 +384,14 @@ class Durability:
         kind = self._kind
         if adm.state is None or kind is None:  # a new stream (or the first of this run: its kind is learnt)
             op = self.daemon.keyed_operator(key) if keyed else self._base_factory(name)
-            if keyed:
-                self._kind = (type(op), op.config)
+            if keyed:  # a new stream may be born a holdout row (Router.holdout_row): its kind is ToPS
+                self._kind = (ToPS if type(op) is HoldoutRow else type(op), op.config)
             if adm.state is None:
                 self.changed.add(name)
                 return op
-            kind = (type(op), op.config)
+            if type(op) is HoldoutRow:  # made only to learn the kind: its row goes back
+                op.free()
+            kind = self._kind or (type(op), op.config)
         try:  # a stored stream: its operator is made from the snapshot (no fresh one built first)
             snap = operator_snapshot(adm.state, kind[1])
             pool = self.router.pool
