@@ -250,3 +250,46 @@ def test_a_checkpoint_gets_the_states_at_the_cut_of_rows_ended_in_rows() -> None
     assert all(type(rec.operator) is RowOperator for rec in recs)
     made = {n: json.dumps(states[n][0].state(states[n][1]), separators=(",", ":")) for n in names}
     assert made == wants
+
+
+def test_streams_born_as_rows_restart_and_release_what_each_releases_alone(tmp_path) -> None:
+    """`tops run` with durable state and a configuration whose new streams are holdout rows (no ToPS built for them):
+    streams stored in their holdout, restored at their next reading after a restart (the first one teaches the
+    restart the operators' kind: the row made for that is given back), new streams among them, holdouts ending in
+    rows in every run: each stream releases what its own operator releases from its readings with its key."""
+    import json
+
+    from stream.core.keys import derive_stream_key, load_master_key
+    from tests.conftest import identity_from_log, write_toml
+    from tests.test_state_restart import tops
+
+    template = {"epsilon": 1.0, "bound": 5000.0, "holdout": 3, "query_range": 256, "fanout": 4,
+                "holdout_grid": "compact"}
+    cfg_file = write_toml(tmp_path / "tops.toml", {
+        "input": {"source": "stdin"}, "output": {"sinks": ["stdout"]},
+        "streams": {"key_file": str(tmp_path / "master.key"), "template": template},
+        "metrics": {"port": 0}, "state": {"data_dir": str(tmp_path / "state")}})
+    cfg = ToPSConfig(**template)
+    assert ends_in_rows(cfg)
+    rng = np.random.default_rng(23)
+    names = [f"s{i}" for i in range(120)]
+    values = {n: readings(rng, 9, 5000.0) for n in names}
+    old, new = names[:80], names[80:]  # the new ones appear in the second run
+    runs = [[(old, 0, 2)], [(old, 2, 5), (new, 0, 5)], [(names, 5, 9)]]
+    got: dict[str, dict[int, float]] = {n: {} for n in names}
+    identities = set()
+    for parts in runs:
+        lines = "".join(f"{n},{float(values[n][i])!r}\n" for who, lo, hi in parts for i in range(lo, hi) for n in who)
+        r = tops("run", "--config", str(cfg_file), stdin=lines.encode(), timeout=120)
+        err = r.stderr.decode()
+        assert r.returncode == 0 and "Traceback" not in err, err[-2000:]
+        identities.add(identity_from_log(err))
+        for line in r.stdout.decode().splitlines():
+            rel = json.loads(line)
+            assert rel["tick"] not in got[rel["stream"]]  # never released twice
+            got[rel["stream"]][rel["tick"]] = rel["value"]
+    assert len(identities) == 1  # the store's
+    master = load_master_key(tmp_path / "master.key")
+    for n in names:
+        alone = ToPS(cfg, derive_stream_key(master, n, identity=next(iter(identities))))
+        assert got[n] == {t: float(x) for t, x in enumerate(alone.process(values[n])) if x == x}, n
