@@ -293,3 +293,29 @@ def test_streams_born_as_rows_restart_and_release_what_each_releases_alone(tmp_p
     for n in names:
         alone = ToPS(cfg, derive_stream_key(master, n, identity=next(iter(identities))))
         assert got[n] == {t: float(x) for t, x in enumerate(alone.process(values[n])) if x == x}, n
+
+
+def test_the_first_stored_stream_after_a_restart_leaves_no_row_behind(tmp_path) -> None:
+    """After a restart the first stored stream makes a new stream's operator to learn the operators' kind (a holdout
+    row, for a configuration whose new streams are rows): that row goes back at once; only the restored streams'
+    rows stay."""
+    import asyncio
+
+    from tests.test_lazy_restore import _started, daemon
+    from tests.test_state_restart import stdin_config, tops
+
+    small = {"holdout": 3, "holdout_grid": "compact"}
+    cfg = stdin_config(tmp_path)
+    text = cfg.read_text().replace("holdout = 50", 'holdout = 3\nholdout_grid = "compact"')
+    cfg.write_text(text)
+    assert tops("run", "--config", str(cfg), stdin=b"p,1\nq,2\nr,3\n").returncode == 0
+    d = daemon(tmp_path, **small)
+    asyncio.run(_started(d))
+    try:
+        d.on_lines([b"p,4", b"q,5"])
+        stores = list(d.router.holdouts.values())
+        assert [len(s) for s in stores] == [2]  # p and q, in their holdouts
+        d.on_lines([b"new,6"])
+        assert [len(s) for s in stores] == [3] and type(d.router.streams["new"].operator) is HoldoutRow
+    finally:
+        d.shutdown()
