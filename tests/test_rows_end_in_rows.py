@@ -307,6 +307,7 @@ def test_the_first_stored_stream_after_a_restart_leaves_no_row_behind(tmp_path) 
     small = {"holdout": 3, "holdout_grid": "compact"}
     cfg = stdin_config(tmp_path)
     text = cfg.read_text().replace("holdout = 50", 'holdout = 3\nholdout_grid = "compact"')
+    assert 'holdout_grid = "compact"' in text
     cfg.write_text(text)
     assert tops("run", "--config", str(cfg), stdin=b"p,1\nq,2\nr,3\n").returncode == 0
     d = daemon(tmp_path, **small)
