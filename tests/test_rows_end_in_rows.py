@@ -320,3 +320,22 @@ def test_the_first_stored_stream_after_a_restart_leaves_no_row_behind(tmp_path) 
         assert [len(s) for s in stores] == [3] and type(d.router.streams["new"].operator) is HoldoutRow
     finally:
         d.shutdown()
+
+
+def test_every_release_of_a_row_carries_its_streams_theta() -> None:
+    """The router gives a row's releases the theta the stream's operator has (``theta_units * resolution``, read
+    for all rows of a step at once), on a grid where a unit is not 1."""
+    cfg = ToPSConfig(epsilon=1.0, bound=500, holdout=3, holdout_grid="compact", resolution=0.25)
+    router = Router(lambda name: ToPS(cfg, key_of(name)), 100)
+    router.use_columns()
+    rng = np.random.default_rng(2)
+    seen = 0
+    for _ in range(8):
+        for n in range(30):
+            rec = router.record(f"m{n}")
+            router.add(rec, float(rng.integers(0, 400)) / 3, None, None, 0.0)
+        for b in router.flush():
+            assert type(b.record.operator) is RowOperator
+            assert b.theta == ToPS.restore(cfg, key_of(b.record.name), b.record.operator.snapshot()).theta
+            seen += 1
+    assert seen == 30 * 5

@@ -476,9 +476,8 @@ class Router:
                 values, ts = rec.pending, rec.pending_ts
                 rec.pending = rec.pending_ts = None
                 assert ts is not None
-                if rows is not None and (released := rows.get(rec.name)) is not None:
-                    out.append(ReleaseBatch(rec, list(range(rec.ticks - len(values), rec.ticks)), ts, released,
-                                            float(rec.operator.theta)))
+                if rows is not None and (hit := rows.get(rec.name)) is not None:
+                    out.append(ReleaseBatch(rec, list(range(rec.ticks - len(values), rec.ticks)), ts, *hit))
                     continue
                 b = self._process(rec, values, ts)
                 if b is not None:
@@ -673,9 +672,10 @@ class Router:
                 self._started(rec)
         return back
 
-    def _release_rows(self) -> dict[str, list[float]] | None:
+    def _release_rows(self) -> dict[str, tuple[list[float], float]] | None:
         """The pending readings of every dirty stream that is a row, released in one compiled pass (the same
-        releases, stream by stream, as each stream's own ``process``: operators/columnar.py)."""
+        releases, stream by stream, as each stream's own ``process``: operators/columnar.py), with each stream's
+        theta (``RowOperator.theta``: a row has no lower bound, so ``theta_units * resolution``)."""
         pool = self.pool
         assert pool is not None
         recs = [rec for rec in self.dirty.values() if rec.pending and type(rec.operator) is RowOperator]
@@ -683,13 +683,15 @@ class Router:
             return None
         t0 = time.perf_counter()
         lengths = [len(rec.pending) for rec in recs]  # type: ignore[arg-type]
+        row_of = np.array([rec.operator.row for rec in recs], dtype=np.int64)
         if len(recs) == sum(lengths):  # one reading each (the common step)
-            rows = np.array([rec.operator.row for rec in recs], dtype=np.int64)
+            rows = row_of
             values = np.array([rec.pending[0] for rec in recs], dtype=np.float64)  # type: ignore[index]
         else:
-            rows = np.repeat(np.array([rec.operator.row for rec in recs], dtype=np.int64), lengths)
+            rows = np.repeat(row_of, lengths)
             values = np.array([v for rec in recs for v in rec.pending], dtype=np.float64)  # type: ignore[union-attr]
-        out: dict[str, list[float]] = {}
+        thetas = (pool.theta[row_of] * pool.resolution[row_of]).tolist()
+        out: dict[str, tuple[list[float], float]] = {}
         try:
             # readings were validated on intake (finite numbers) and the rows belong to live records
             released = pool.process(rows, values, checked=True).tolist()
@@ -698,8 +700,8 @@ class Router:
                 self.fail(rec, f"operator failed ({type(exc).__name__}); {len(rec.pending)} ticks not released")
             return out
         at = 0
-        for rec, n in zip(recs, lengths, strict=True):
-            out[rec.name] = released[at : at + n]
+        for rec, n, theta in zip(recs, lengths, thetas, strict=True):
+            out[rec.name] = (released[at : at + n], theta)
             at += n
             rec.ticks += n
         self.ticks_processed += at

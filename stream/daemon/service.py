@@ -591,8 +591,9 @@ class Daemon:
         retain, as_array = self.cfg.output.retain, self.cfg.output.batch
         topic_of = self.output_topic
         out: list[str] = []  # every batch's lines, one write (a write per stream cost 22 us a new stream)
+        reprs: dict[float, str] = {}  # the step's times and epsilon, formatted once
         for b in batches:
-            lines = encode_releases(b, eps)
+            lines = encode_releases(b, eps, reprs)
             if stdout is not None:
                 out += lines
             if pubq is not None:
