@@ -85,3 +85,32 @@ def test_a_flood_of_new_names_keeps_the_table_bounded(tmp_path: Path) -> None:
         d.on_lines([f"n{r}-{k},1".encode() for k in range(700)])
         assert len(d._csv_names) <= 1000
     assert len(d.router.streams) == 10
+
+
+def test_a_single_release_is_encoded_as_every_release_is() -> None:
+    """One release a batch (a stream's reading of a step) is formatted with the step's time and epsilon texts
+    shared between batches: the same JSON, character for character, as the general path gives (forced here by a
+    second element), for random values, times and thetas, and epsilons that are equal floats."""
+    import math
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from stream.core.router import ReleaseBatch
+    from stream.core.sinks import encode_releases
+
+    rng = np.random.default_rng(4)
+    reprs: dict[float, str] = {}
+    times = [1.7e9 + float(x) for x in rng.random(5) * 1e7] + [1795742511.2441952, 1.7e9]
+    for i in range(3000):
+        rec = SimpleNamespace(name_json=json.dumps(f"m{i}é"))
+        t = times[i % len(times)]
+        v = float(rng.normal() * 10.0 ** rng.integers(-3, 12)) if i % 7 else -0.0
+        theta, eps = float(rng.integers(1, 5000)) * 0.25, [1.0, 0.1 + 0.2, 1e-3][i % 3]
+        one = encode_releases(ReleaseBatch(rec, [i], [t], [v], theta), eps, reprs)
+        two = encode_releases(ReleaseBatch(rec, [i, i + 1], [t, t + 1.0], [v, v], theta), eps)
+        assert one == two[:1]
+        assert json.loads(one[0]) == {"stream": f"m{i}é", "tick": i, "ts": t, "value": v, "epsilon": eps,
+                                      "theta": theta}
+        assert math.copysign(1.0, json.loads(one[0])["value"]) == math.copysign(1.0, v)
+    assert len(reprs) <= len(times) + 3
