@@ -3,10 +3,13 @@
     python bench/bench_holdout_ends.py [--streams 20000] [--holdout 3] [--grid compact|exact] [--bound 5000]
 
 Makes ``--streams`` ToPS streams whose holdouts take their readings (drawn over 100 values), then times the end of
-their holdouts two ways on the same streams: one at a time (``ToPS._select``, what ``process`` does at the holdout's
-last reading) and together (``operators.tops.end_holdouts``, what the daemon does with the holdouts that end in one
-processing step), with the compiled kernels loaded and compiled beforehand, and checks that both choose the same.
-Prints microseconds per stream. Not a test: only the equality is asserted.
+their holdouts on the same streams: one at a time (``ToPS._select``, what ``process`` does at the holdout's last
+reading), together (``operators.tops.end_holdouts``, what the daemon does with the holdouts of objects that end in one
+processing step) and, where the configuration ends in rows (the compact grid, a holdout too short to measure a leaf
+width), from rows of a columnar holdout into release rows (``ColumnarHoldout.choose_ends`` then
+``ColumnarRelease.add_started``, what the daemon does with such streams), with the compiled kernels loaded and
+compiled beforehand, and checks that all choose the same. Prints microseconds per stream. Not a test: only the
+equality is asserted.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from operators import noise
+from operators.columnar import ColumnarRelease
+from operators.columnar_holdout import ColumnarHoldout, ends_in_rows
 from operators.config import ToPSConfig
 from operators.tops import ToPS, end_holdouts
 
@@ -56,8 +61,22 @@ def main() -> int:
     t2 = time.perf_counter()
     assert all(x.snapshot() == y.snapshot() for x, y in zip(alone, together, strict=True))
     n = a.streams
+    rows_text = ""
+    if ends_in_rows(cfg):
+        store, pool = ColumnarHoldout(cfg, capacity=n), ColumnarRelease(capacity=n)
+        rows = np.array([store.add_new(k) for k in keys], dtype=np.int64)
+        store.process(np.repeat(rows, a.holdout), data.reshape(-1), end=True)
+        warm = store.choose_ends(rows[:64])
+        assert warm is not None
+        t3 = time.perf_counter()
+        chosen = store.choose_ends(rows)
+        assert chosen is not None
+        pool.add_started(cfg, store.key[rows], *chosen, store.ticks[rows], store.clamped[rows])
+        t4 = time.perf_counter()
+        assert chosen[0] == [op.theta_units for op in alone] and chosen[2] == [op.start_units for op in alone]
+        rows_text = f", from rows into release rows {1e6 * (t4 - t3) / n:.1f} us a stream"
     print(f"{n:,} holdouts of {a.holdout} ({a.grid} grid, B = {a.bound:g}): one at a time {1e6 * (t1 - t0) / n:.1f} us "
-          f"a stream, together {1e6 * (t2 - t1) / n:.1f} us a stream (the same choices)")
+          f"a stream, together {1e6 * (t2 - t1) / n:.1f} us a stream{rows_text} (the same choices)")
     return 0
 
 
