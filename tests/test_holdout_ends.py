@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -172,18 +173,13 @@ def test_the_router_ends_a_steps_holdouts_together(step: int) -> None:
         assert router.streams[name].ticks == 30
 
 
-def test_a_failing_batch_fails_its_streams_only(monkeypatch: pytest.MonkeyPatch,
-                                                caplog: pytest.LogCaptureFixture) -> None:
-    cfg = ToPSConfig(epsilon=1.0, bound=100, holdout=3)
+def failing_batch(cfg: ToPSConfig, break_it: Callable[[], None], caplog: pytest.LogCaptureFixture) -> Router:
+    """Four streams of ``cfg`` one reading before their holdout's end; ``break_it`` makes the batched end raise; three
+    of them end in one step (with a new stream beside them): those three fail, logged without a value, no other."""
     router = Router(lambda name: ToPS(cfg, key_of(name)), 100)
     router.use_columns()
-    run(router, [(f"m{i % 4}", 5.0) for i in range(8)], 8)  # four streams with one reading left
-    import stream.core.router as router_module
-
-    def broken(ops: list[ToPS]) -> None:
-        raise RuntimeError("choice bug 77.5")
-
-    monkeypatch.setattr(router_module, "choose_ends", broken)
+    run(router, [(f"m{i % 4}", 5.0) for i in range(4 * (cfg.holdout - 1))], 8)  # four streams with one reading left
+    break_it()
     with caplog.at_level(logging.ERROR, logger="tops.router"):
         got = run(router, [("m0", 77.5), ("m1", 5.0), ("m2", 6.0), ("fresh", 6.0)], 4)
     assert got == {}
@@ -191,6 +187,18 @@ def test_a_failing_batch_fails_its_streams_only(monkeypatch: pytest.MonkeyPatch,
     assert not router.streams["m3"].failed and not router.streams["fresh"].failed
     assert "77.5" not in caplog.text.replace("choice bug 77.5", "") and "RuntimeError" in caplog.text
     assert router.in_holdout == 2 and router.failed == 3
+    return router
+
+
+def test_a_failing_batch_fails_its_streams_only(monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    import stream.core.router as router_module
+
+    def broken(ops: list[ToPS]) -> None:
+        raise RuntimeError("choice bug 77.5")
+
+    failing_batch(ToPSConfig(epsilon=1.0, bound=100, holdout=3),
+                  lambda: monkeypatch.setattr(router_module, "choose_ends", broken), caplog)
 
 
 def test_a_checkpoint_gets_the_states_at_the_cut_of_holdouts_ended_together() -> None:

@@ -7,7 +7,6 @@ path writes, and a bug in the batch fails its own streams only."""
 
 from __future__ import annotations
 
-import logging
 import pickle
 
 import numpy as np
@@ -21,7 +20,7 @@ from operators.noise import KeyedGenerator, KeyRows, discrete_laplace_one_many, 
 from operators.tops import ToPS, choose_ends
 from stream.core.router import Router
 from tests.test_columnar_router import run
-from tests.test_holdout_ends import key_of, readings
+from tests.test_holdout_ends import failing_batch, key_of, readings
 
 
 @pytest.fixture(autouse=True)
@@ -209,21 +208,10 @@ def test_without_the_compiled_kernels_rows_are_given_back_to_their_operators(mon
 
 def test_a_failing_batch_of_rows_fails_its_streams_only(monkeypatch: pytest.MonkeyPatch,
                                                         caplog: pytest.LogCaptureFixture) -> None:
-    router = Router(lambda name: ToPS(CFGS[0], key_of(name)), 100)
-    router.use_columns()
-    run(router, [(f"m{i % 4}", 5.0) for i in range(8)], 8)  # four streams with one reading left
-
     def broken(self: ColumnarHoldout, rows: np.ndarray) -> None:
         raise RuntimeError("choice bug 77.5")
 
-    monkeypatch.setattr(ColumnarHoldout, "choose_ends", broken)
-    with caplog.at_level(logging.ERROR, logger="tops.router"):
-        got = run(router, [("m0", 77.5), ("m1", 5.0), ("m2", 6.0), ("fresh", 6.0)], 4)
-    assert got == {}
-    assert all(router.streams[n].failed for n in ("m0", "m1", "m2"))
-    assert not router.streams["m3"].failed and not router.streams["fresh"].failed
-    assert "77.5" not in caplog.text.replace("choice bug 77.5", "") and "RuntimeError" in caplog.text
-    assert router.in_holdout == 2 and router.failed == 3
+    router = failing_batch(CFGS[0], lambda: monkeypatch.setattr(ColumnarHoldout, "choose_ends", broken), caplog)
     monkeypatch.undo()
     noise._kernel(1 << 16)
     got = run(router, [("m3", 1.0), ("fresh", 2.0), ("fresh", 3.0), ("m3", 4.0)], 4)  # the others go on
