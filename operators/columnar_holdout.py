@@ -38,11 +38,12 @@ import numpy as np
 from operators.columnar import RowStore, RowView, checked_batch
 from operators.config import ToPSConfig
 from operators.noise import KeyedGenerator, KeyRows
-from operators.selection import BlockStats, choose_small_dense, chooses_small
+from operators.selection import BlockStats, choose_small_cells, choose_small_dense, chooses_small
 from operators.threshold import candidate_grid
 from operators.tops import ToPS, _choice_parameters, _pending_array
 
-__all__ = ["MIN_HOLDOUT_LEFT", "ColumnarHoldout", "HoldoutRow", "born_in_rows", "ends_in_rows", "holdout_eligible"]
+__all__ = ["MIN_HOLDOUT_LEFT", "ColumnarHoldout", "HoldoutRow", "ShortHoldout", "born_in_rows", "ends_in_rows",
+           "holdout_eligible", "holdout_store"]
 
 _KEY_BYTES = 32
 _SCALARS = ("pos", "ticks", "clamped")
@@ -54,19 +55,21 @@ MIN_HOLDOUT_LEFT = 16
 
 
 def holdout_eligible(op: Any) -> bool:
-    """Whether a stream can be a holdout row: a ToPS stream in its holdout on the compact grid (bounded cells: a row
-    of the exact grid's thousands of cells would cost more than the sparse histogram of most holdouts) with no lower
-    bound (``lower`` shifts readings before they are quantized: the scalar path of ToPS hands such readings to its
-    general path, and rows do not)."""
-    return (type(op) is ToPS and op.theta_units is None and op.config.holdout_grid == "compact"
-            and op.config.lower == 0)
+    """Whether a stream can be a holdout row: a ToPS stream in its holdout with no lower bound (``lower`` shifts
+    readings before they are quantized: the scalar path of ToPS hands such readings to its general path, and rows do
+    not), on the compact grid (bounded cells: a row of the exact grid's thousands of cells would cost more than the
+    sparse histogram of most holdouts) or with a holdout that ends in rows (:func:`ends_in_rows`: on the exact grid,
+    a row of :class:`ShortHoldout`, its few readings' cells)."""
+    return (type(op) is ToPS and op.theta_units is None and op.config.lower == 0
+            and (op.config.holdout_grid == "compact" or ends_in_rows(op.config)))
 
 
 def ends_in_rows(config: ToPSConfig) -> bool:
     """Whether the holdout rows of a configuration take their last reading too and end together, row to row
-    (:meth:`ColumnarHoldout.choose_ends`, without an operator): a holdout on the compact grid too short to measure a
-    leaf width, chosen by the calibrated choice's small branch (:func:`operators.selection.choose_small_many`). Such
-    a stream is a row from its first reading, however short its holdout."""
+    (``choose_ends``, without an operator): a holdout too short to measure a leaf width, chosen by the calibrated
+    choice's small branch (:func:`operators.selection.choose_small_many`), on the compact grid (a row of
+    :class:`ColumnarHoldout`) or the exact one (a row of :class:`ShortHoldout`). Such a stream is a row from its first
+    reading, however short its holdout."""
     hit = _ENDS_IN_ROWS.get(id(config))  # by identity first: hashing a configuration costs a microsecond
     if hit is not None and hit[0] is config:
         return hit[1]
@@ -81,21 +84,28 @@ _ENDS_IN_ROWS: dict[int, tuple[ToPSConfig, bool]] = {}
 
 @functools.lru_cache(maxsize=256)
 def _ends_in_rows(config: ToPSConfig) -> bool:
-    if config.theta is not None or config.holdout_grid != "compact" or config.lower != 0 \
-            or config.selection != "calibrated":
+    if config.theta is not None or config.lower != 0 or config.selection != "calibrated":
         return False
     m = config.holdout_ticks
     if m > np.iinfo(np.uint16).max or BlockStats(config.fanout, config.holdout, 1, config.query_range).widths:
         return False
-    return chooses_small(candidate_grid(config.span, config.resolution, True), holdout=config.holdout,
+    compact = config.holdout_grid == "compact"
+    return chooses_small(candidate_grid(config.span, config.resolution, compact), holdout=config.holdout,
                          threshold_epsilon=config.threshold_epsilon or config.epsilon)
+
+
+def holdout_store(config: ToPSConfig, capacity: int = 1024) -> ColumnarHoldout | ShortHoldout:
+    """The columnar holdout of a configuration whose streams can be holdout rows: :class:`ColumnarHoldout` on the
+    compact grid, :class:`ShortHoldout` on the exact one."""
+    return ColumnarHoldout(config, capacity) if config.holdout_grid == "compact" else ShortHoldout(config, capacity)
 
 
 def born_in_rows(config: ToPSConfig) -> bool:
     """Whether a new stream of a configuration is a holdout row from the start (what the daemon's router makes of a
     new ToPS stream that :func:`holdout_eligible` admits, with a holdout that is long enough or ends in rows)."""
-    return (config.theta is None and config.holdout_grid == "compact" and config.lower == 0
-            and (config.holdout_ticks >= MIN_HOLDOUT_LEFT or ends_in_rows(config)))
+    return (config.theta is None and config.lower == 0
+            and ((config.holdout_grid == "compact" and config.holdout_ticks >= MIN_HOLDOUT_LEFT)
+                 or ends_in_rows(config)))
 
 
 class ColumnarHoldout(RowStore):
@@ -278,6 +288,147 @@ class ColumnarHoldout(RowStore):
 
     def take(self, r: int) -> ToPS:
         """Row ``r``'s stream as its own operator again (:meth:`operator`), and the row freed."""
+        op = self.operator(r)
+        self.release(r)
+        return op
+
+
+class ShortHoldout(RowStore):
+    """Short holdouts (:func:`ends_in_rows` on the exact grid: at most 31 readings) as rows of their readings' cells:
+    the histogram a ToPS stream keeps is its cells counted, so a row holds the cell of each reading taken, in order
+    (4 bytes a reading, not the 4,297 cells of the exact grid's histogram nor a dict). :meth:`process` takes a batch of
+    readings of many rows, :meth:`choose_ends` ends rows that took their last reading (the choices each stream's own
+    operator makes, from the rows' cells and keys in a few compiled calls) and :meth:`operator` gives the ToPS object
+    holding the very numbers the stream's own operator holds after the same readings (its histogram's cells even in
+    the order they were first met), so snapshots, checkpoints and restarts are unchanged."""
+
+    def __init__(self, config: ToPSConfig, capacity: int = 1024) -> None:
+        if capacity < 1:
+            msg = "capacity must be at least 1"
+            raise ValueError(msg)
+        if not ends_in_rows(config):
+            msg = "a short holdout takes a configuration whose holdout ends in rows (ends_in_rows)"
+            raise ValueError(msg)
+        self.config = config
+        self.candidates = candidate_grid(config.span, config.resolution, config.holdout_grid == "compact")
+        self.bound_units = math.floor(config.span / config.resolution + 1e-9)
+        self.m = config.holdout_ticks
+        self.ends_in_rows = True
+        super().__init__(capacity)
+
+    def _columns(self) -> list[tuple[str, Any, tuple[int, ...]]]:
+        return [("cell", np.int32, (self.m,)), ("ticks", np.int64, ()), ("clamped", np.int64, ()),
+                ("key", np.uint8, (_KEY_BYTES,))]
+
+    def row_nbytes(self) -> int:
+        """Bytes of the columns per row: the whole holdout state of a stream."""
+        return 4 * self.m + 16 + _KEY_BYTES
+
+    def add_new(self, key: bytes) -> int:
+        """A new stream (no reading yet) with ``key``: the row :meth:`add` makes of ``ToPS(config, key)``."""
+        if not isinstance(key, bytes | bytearray) or len(key) != _KEY_BYTES:
+            msg = f"a stream key is {_KEY_BYTES} bytes"
+            raise ValueError(msg)
+        reused = bool(self._free)
+        r = self._new_row()
+        if reused:  # a row never handed out is zeros
+            self.ticks[r] = self.clamped[r] = 0
+        self.key[r] = np.frombuffer(key, dtype=np.uint8)
+        return r
+
+    def add(self, op: ToPS) -> int:
+        """Make a ToPS stream of this configuration in its holdout a row: its histogram's cells, each as often as it
+        counts, in the order the stream first met them (what :meth:`operator` rebuilds it from)."""
+        if not holdout_eligible(op) or (op.config is not self.config and op.config != self.config):
+            msg = "only a ToPS stream of this configuration, in its holdout, becomes a row"
+            raise ValueError(msg)
+        hist, blocks = op._hist, op._blocks
+        # a stored state that does not hold together (a corrupt or forged store: ToPS keeps it as it is) stays an
+        # operator: its counts must be its ticks, its block position too
+        if type(hist) is not dict or sum(hist.values()) != op.ticks or op.ticks > self.m \
+                or any(type(c) is not int or not 0 <= c <= len(self.candidates) or n < 1 for c, n in hist.items()) \
+                or (blocks is not None and blocks.pos != op.ticks):
+            msg = "the stream's holdout is not one a short row holds"
+            raise ValueError(msg)
+        r = self._new_row()
+        cells = [c for c, n in hist.items() for _ in range(n)]
+        self.cell[r, : len(cells)] = cells
+        self.ticks[r] = op.ticks
+        self.clamped[r] = op.clamped
+        self.key[r] = np.frombuffer(op._gen._key, dtype=np.uint8)
+        return r
+
+    def release(self, r: int) -> None:
+        """Free row ``r`` (its stream left memory, or took its operator back); its key is wiped."""
+        self._give_back(r)
+
+    def left(self, r: int) -> int:
+        """Readings row ``r`` still takes before its holdout ends."""
+        return max(0, self.m - int(self.ticks[r]))
+
+    def process(self, rows: np.ndarray, values: np.ndarray, *, checked: bool = False, end: bool = False) -> None:
+        """Take every reading (``values[i]`` of stream ``rows[i]``), in order: clamped to ``[0, B]`` (counted),
+        quantized and put in its cell as ToPS does (``_units_one``, then the cell the histogram counts it in). Each row
+        takes at most what it has left (fewer without ``end``). ``checked``: as :meth:`ColumnarHoldout.process`."""
+        if not checked:
+            rows, values = checked_batch(rows, values, self.rows)
+            used, n = np.unique(rows, return_counts=True)
+            if used.size and (self.ticks[used] + n > self.m - (not end)).any():
+                msg = ("more readings than the holdout has left" if end else
+                       "a row's holdout would end here: choose_ends (or its operator) makes the choice")
+                raise ValueError(msg)
+        if not rows.size:
+            return
+        cfg = self.config
+        clamped = (values > cfg.bound) | (values < 0.0)
+        units = np.minimum(np.rint(np.clip(values, 0.0, cfg.bound) / cfg.resolution), self.bound_units)
+        cells = np.searchsorted(self.candidates, units.astype(np.int64), side="left")
+        order = np.argsort(rows, kind="stable")  # a row's readings in their order: the k-th goes to ticks + k
+        ranked = rows[order]
+        first = np.ones(ranked.size, dtype=bool)
+        first[1:] = ranked[1:] != ranked[:-1]
+        starts = np.flatnonzero(first)
+        rank = np.arange(ranked.size) - np.repeat(starts, np.diff(np.append(starts, ranked.size)))
+        self.cell[ranked, self.ticks[ranked] + rank] = cells[order]
+        np.add.at(self.ticks, rows, 1)
+        np.add.at(self.clamped, rows, clamped.astype(np.int64))
+
+    def choose_ends(self, rows: np.ndarray) -> tuple[list[int], int, list[float]] | None:
+        """:meth:`ColumnarHoldout.choose_ends` for short rows: each row's cells counted (sorted, a run a cell), then
+        the same compiled calls."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if (self.ticks[rows] != self.m).any():
+            msg = "choose_ends() takes rows whose holdout took its last reading"
+            raise ValueError(msg)
+        n = rows.size
+        flat = np.sort(self.cell[rows], axis=1).reshape(-1).astype(np.int64)
+        owner = np.repeat(np.arange(n), self.m)
+        new = np.ones(flat.size, dtype=bool)
+        new[1:] = (flat[1:] != flat[:-1]) | (owner[1:] != owner[:-1])
+        starts = np.flatnonzero(new)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(owner[starts], minlength=n), out=offsets[1:])
+        return choose_small_cells(flat[starts], np.diff(np.append(starts, flat.size)), offsets, self.m,
+                                  KeyRows(self.key[rows]), self.candidates, **_choice_parameters(self.config))
+
+    def operator(self, r: int) -> ToPS:
+        """A ToPS object holding row ``r``'s state, as its own operator holds it after the same readings."""
+        op = ToPS(self.config, self.key[r].tobytes())
+        ticks = int(self.ticks[r])
+        hist: dict[int, int] = {}
+        for c in self.cell[r, :ticks].tolist():  # in reading order: the dict's order is the operator's
+            hist[c] = hist.get(c, 0) + 1
+        op._hist = hist
+        if len(hist) > op._sparse_cells():  # the operator turned it dense when its cells first outnumbered this
+            op._hist = op._dense_hist()
+        if op._blocks is not None:
+            op._blocks.pos = ticks
+        op.ticks = ticks
+        op.clamped = int(self.clamped[r])
+        return op
+
+    def take(self, r: int) -> ToPS:
+        """Row ``r``'s stream as its own operator again, and the row freed."""
         op = self.operator(r)
         self.release(r)
         return op

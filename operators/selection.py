@@ -717,6 +717,15 @@ def choose_small_dense(
     return _choose_small(index.astype(np.int64), count, offsets, top, gens, candidates, **params)
 
 
+def choose_small_cells(index: np.ndarray, count: np.ndarray, offsets: np.ndarray, top_total: int,
+                       gens: Sequence[KeyedGenerator] | KeyRows, candidates: np.ndarray,
+                       **params: Any) -> tuple[list[int], int, list[float]] | None:
+    """:func:`choose_small_dense` for holdouts given by their occupied cells (stream ``i``'s cells
+    ``index[offsets[i]:offsets[i + 1]]``, sorted, with their counts; ``top_total``: the most readings of one): the
+    same ``(thetas, s, starts)``, or None."""
+    return _choose_small(index, count, offsets, top_total, gens, candidates, **params)
+
+
 def _choose_small(
     index: np.ndarray,
     count: np.ndarray,

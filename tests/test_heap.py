@@ -69,7 +69,8 @@ for r in range(4):
     d.on_lines([f"s{k},{(7 * k + r) % 90}".encode() for k in range(500)])
 d.on_lines([f"h{k},{k % 90}".encode() for k in range(500)])
 d.account()
-kinds = ("ToPS", "StreamRecord", "BlockStats", "KeyedGenerator", "RowOperator", "ConsistentNoise", "SmootherState")
+kinds = ("ToPS", "StreamRecord", "BlockStats", "KeyedGenerator", "RowOperator", "HoldoutRow", "ConsistentNoise",
+         "SmootherState")
 def alive():
     return sum(type(o).__name__ in kinds for o in gc.get_objects())
 held = alive()

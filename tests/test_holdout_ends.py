@@ -197,7 +197,8 @@ def test_a_failing_batch_fails_its_streams_only(monkeypatch: pytest.MonkeyPatch,
     def broken(ops: list[ToPS]) -> None:
         raise RuntimeError("choice bug 77.5")
 
-    failing_batch(ToPSConfig(epsilon=1.0, bound=100, holdout=3),
+    # a holdout that measures a leaf width (objects: the short ones are rows, tests/test_rows_end_in_rows.py)
+    failing_batch(ToPSConfig(epsilon=1.0, bound=100, holdout=9, fanout=4, query_range=256),
                   lambda: monkeypatch.setattr(router_module, "choose_ends", broken), caplog)
 
 
@@ -209,8 +210,8 @@ def test_a_checkpoint_gets_the_states_at_the_cut_of_holdouts_ended_together() ->
 
     from stream.state.records import Lent, record_state, record_states
 
-    cfgs = [ToPSConfig(epsilon=1.0, bound=100, holdout=4), ToPSConfig(epsilon=1.0, bound=100, holdout=40,
-                                                                      holdout_grid="compact")]
+    cfgs = [ToPSConfig(epsilon=1.0, bound=100, holdout=9, fanout=4, query_range=256),  # objects (it measures a width)
+            ToPSConfig(epsilon=1.0, bound=100, holdout=40, holdout_grid="compact")]
     names = [f"m{i}" for i in range(40)]
     router = Router(lambda name: ToPS(cfgs[int(name[1:]) % 2], key_of(name)), 100)
     router.use_columns()

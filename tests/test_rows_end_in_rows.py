@@ -14,7 +14,14 @@ import pytest
 
 from operators import noise, selection
 from operators.columnar import ColumnarRelease, RowOperator
-from operators.columnar_holdout import ColumnarHoldout, HoldoutRow, born_in_rows, ends_in_rows
+from operators.columnar_holdout import (
+    ColumnarHoldout,
+    HoldoutRow,
+    ShortHoldout,
+    born_in_rows,
+    ends_in_rows,
+    holdout_store,
+)
 from operators.config import ToPSConfig
 from operators.noise import KeyedGenerator, KeyRows, discrete_laplace_one_many, words_many
 from operators.tops import ToPS, choose_ends
@@ -32,7 +39,10 @@ def _compiled() -> None:
 def test_which_configurations_end_in_rows() -> None:
     small = ToPSConfig(epsilon=1.0, bound=5000, holdout=3, holdout_grid="compact")
     assert ends_in_rows(small) and born_in_rows(small)
-    assert not ends_in_rows(ToPSConfig(epsilon=1.0, bound=5000, holdout=3))  # the exact grid: no rows
+    exact = ToPSConfig(epsilon=1.0, bound=5000, holdout=3)  # the exact grid: rows of their readings' cells
+    assert ends_in_rows(exact) and born_in_rows(exact) and type(holdout_store(exact)) is ShortHoldout
+    assert type(holdout_store(small)) is ColumnarHoldout
+    assert not born_in_rows(ToPSConfig(epsilon=1.0, bound=5000, holdout=40))  # exact, a width fits twice: objects
     assert not ends_in_rows(ToPSConfig(epsilon=1.0, bound=5000, holdout=3, holdout_grid="compact", selection="paper"))
     long = ToPSConfig(epsilon=1.0, bound=5000, holdout=40, holdout_grid="compact")  # a leaf width fits twice
     assert not ends_in_rows(long) and born_in_rows(long)
@@ -72,14 +82,24 @@ def test_a_new_row_is_the_row_of_a_new_operator(cfg: ToPSConfig) -> None:
 
 
 def held_rows(cfg: ToPSConfig, n: int, seed: int) -> tuple[ColumnarHoldout, np.ndarray, list[ToPS], np.ndarray]:
-    """``n`` streams whose whole holdout went into rows (in interleaved batches, the last readings with ``end``), and
-    the same streams as operators that took the same readings with ``hold``."""
+    """``n`` streams whose whole holdout went into rows (in batches of every stream's next reading, a batch of several
+    readings of some streams, and the last readings with ``end``), and the same streams as operators that took the
+    same readings with ``hold``."""
     rng = np.random.default_rng(seed)
     keys = [rng.bytes(32) for _ in range(n)]
     data = readings(rng, n * cfg.holdout, cfg.bound).reshape(n, cfg.holdout)
-    store = ColumnarHoldout(cfg, capacity=8)
+    store = holdout_store(cfg, capacity=8)
     rows = np.array([store.add_new(k) for k in keys], dtype=np.int64)
-    for t in range(cfg.holdout - 1):
+    if cfg.holdout > 2:  # two readings of every fourth stream in one batch, interleaved with the others'
+        some = rows[::4]
+        both = np.concatenate([rows, some])
+        store.process(both, np.concatenate([data[:, 0], data[::4, 1]]))
+        rest = np.setdiff1d(rows, some)
+        store.process(rest, data[rest, 1])
+        start = 2
+    else:
+        start = 0
+    for t in range(start, cfg.holdout - 1):
         store.process(rows, data[:, t])
     store.process(rows, data[:, -1], end=True)
     ops = [ToPS(cfg, k) for k in keys]
@@ -88,14 +108,16 @@ def held_rows(cfg: ToPSConfig, n: int, seed: int) -> tuple[ColumnarHoldout, np.n
     return store, rows, ops, data
 
 
+@pytest.mark.parametrize("grid", ["compact", "exact"])
 @pytest.mark.parametrize("holdout", [1, 2, 3, 7, 31])
 @pytest.mark.parametrize(("epsilon", "threshold_epsilon", "bound"), [(1.0, None, 5000.0), (0.3, 0.9, 1e6)])
-def test_rows_choose_and_start_what_the_operators_do(holdout: int, epsilon: float, threshold_epsilon: float | None,
-                                                     bound: float) -> None:
-    """From rows: the same choices, bit for bit, as the operators' (clamped readings and half-unit ties included);
-    the release rows ``add_started`` makes are the rows ``add_chosen`` makes, every column; they release the same."""
+def test_rows_choose_and_start_what_the_operators_do(grid: str, holdout: int, epsilon: float,
+                                                     threshold_epsilon: float | None, bound: float) -> None:
+    """From rows: the same state (every snapshot) and the same choices, bit for bit, as the operators' (clamped
+    readings and half-unit ties included); the release rows ``add_started`` makes are the rows ``add_chosen`` makes,
+    every column; they release the same."""
     cfg = ToPSConfig(epsilon=epsilon, threshold_epsilon=threshold_epsilon, bound=bound, holdout=holdout,
-                     holdout_grid="compact", query_range=4096, fanout=16)
+                     holdout_grid=grid, query_range=4096, fanout=16)
     assert ends_in_rows(cfg)
     store, rows, ops, _ = held_rows(cfg, 150, holdout)
     assert [store.operator(int(r)).snapshot() for r in rows] == [op.snapshot() for op in ops]
@@ -218,7 +240,8 @@ def test_a_failing_batch_of_rows_fails_its_streams_only(monkeypatch: pytest.Monk
     assert set(got) == {"m3"} and router.streams["fresh"].phase == "releasing"
 
 
-def test_a_checkpoint_gets_the_states_at_the_cut_of_rows_ended_in_rows() -> None:
+@pytest.mark.parametrize("cfg", [CFGS[0], ToPSConfig(epsilon=1.0, bound=5000, holdout=3)])
+def test_a_checkpoint_gets_the_states_at_the_cut_of_rows_ended_in_rows(cfg: ToPSConfig) -> None:
     """Holdout rows lent to a checkpoint's writer, then ended row to row before the writer made their states: what
     the writer makes is each stream's state at its cut (the row was freed and its key wiped in between)."""
     import json
@@ -226,7 +249,7 @@ def test_a_checkpoint_gets_the_states_at_the_cut_of_rows_ended_in_rows() -> None
     from stream.state.records import Lent, record_state, record_states
 
     names = [f"m{i}" for i in range(40)]
-    router = Router(lambda name: ToPS(CFGS[0], key_of(name)), 100)
+    router = Router(lambda name: ToPS(cfg, key_of(name)), 100)
     router.use_columns()
     run(router, [(n, float(i)) for i, n in enumerate(names)] * 2, 10_000)  # one reading left each
     recs = list(router.streams.values())
@@ -327,3 +350,38 @@ def test_every_release_of_a_row_carries_its_streams_theta() -> None:
             assert b.theta == ToPS.restore(cfg, key_of(b.record.name), b.record.operator.snapshot()).theta
             seen += 1
     assert seen == 30 * 5
+
+
+def test_a_short_row_holds_an_operators_holdout_as_its_readings_cells() -> None:
+    """A short row (exact grid) made from an operator part-way through its holdout gives back the very operator: the
+    same snapshot, the same histogram with its cells in the order the stream met them; a state that does not hold
+    together (a forged store) stays an operator; the row is 4 bytes a reading and a few numbers."""
+    cfg = ToPSConfig(epsilon=1.0, bound=5000, holdout=7)
+    store = holdout_store(cfg, capacity=2)
+    assert type(store) is ShortHoldout and store.row_nbytes() == 4 * 7 + 16 + 32
+    rng = np.random.default_rng(8)
+    for k in range(40):
+        op = ToPS(cfg, key_of(f"s{k}"))
+        data = readings(rng, 7, cfg.bound)
+        op.hold(data[: k % 7])
+        r = store.add(op)
+        back = store.operator(r)
+        assert back.snapshot() == op.snapshot() and list(back._hist.items()) == list(op._hist.items())
+        store.process(np.full(7 - k % 7, r), data[k % 7 :], end=True)
+        op.hold(data[k % 7 :])
+        assert store.operator(r).snapshot() == op.snapshot() and store.operator(r).clamped == op.clamped
+        store.release(r)
+    forged = ToPS(cfg, key_of("f"))
+    forged.hold([1.0, 2.0])
+    forged._hist[5] = 3  # more counts than readings
+    with pytest.raises(ValueError, match="not one a short row holds"):
+        store.add(forged)
+    a = store.add_new(key_of("a"))
+    with pytest.raises(ValueError, match="would end here"):
+        store.process(np.full(7, a), np.ones(7))
+    with pytest.raises(ValueError, match="more readings than the holdout has left"):
+        store.process(np.full(8, a), np.ones(8), end=True)
+    with pytest.raises(ValueError, match="took its last reading"):
+        store.choose_ends(np.array([a]))
+    with pytest.raises(ValueError, match="ends in rows"):
+        ShortHoldout(ToPSConfig(epsilon=1.0, bound=5000, holdout=40))

@@ -31,6 +31,7 @@ from operators.columnar_holdout import (
     born_in_rows,
     ends_in_rows,
     holdout_eligible,
+    holdout_store,
 )
 from operators.config import ToPSConfig
 from operators.tops import ToPS, choose_ends
@@ -169,7 +170,7 @@ class Router:
         if store is None or store.config is not cfg:
             store = self.holdouts.get(cfg)
             if store is None:
-                store = self.holdouts[cfg] = ColumnarHoldout(cfg)
+                store = self.holdouts[cfg] = holdout_store(cfg)
             self._holdout_of[id(cfg)] = store  # the store keeps its configuration: the id cannot be reused
         return store
 
