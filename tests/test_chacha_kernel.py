@@ -45,3 +45,20 @@ def test_the_generator_draws_the_same_words_either_way(monkeypatch) -> None:
     monkeypatch.setitem(noise._kernel_state, "chacha", keystream)
     after = [gen.words(*c) for c in cases]
     assert all(np.array_equal(a, b) and a.dtype == b.dtype == np.uint64 for a, b in zip(before, after, strict=True))
+
+
+def test_openssls_context_made_directly_is_the_public_one() -> None:
+    """``_keystream`` builds OpenSSL's ChaCha20 context without the public wrapper's repeated checks (15 of its 20
+    us a call) where this ``cryptography`` allows it: it must be taken here, and give the public path's bytes on the
+    RFC's vector and on random keys, counters and addresses; a build of it that differs is refused at import."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    assert noise._encryptor is not noise._public_encryptor  # the direct context, on this cryptography
+    rfc = bytes.fromhex("01000000000000090000004a00000000")
+    want = Cipher(algorithms.ChaCha20(bytes(range(32)), rfc), mode=None).encryptor().update(bytes(64))
+    assert noise._encryptor(bytes(range(32)), rfc).update(bytes(64)) == want
+    assert want.hex().startswith("10f1e7e4d13b5915500fdd1fa32071c4")
+    rng = np.random.default_rng(11)
+    for _ in range(500):
+        key, nonce, n = rng.bytes(32), rng.bytes(16), int(rng.integers(1, 700)) * 64
+        assert noise._encryptor(key, nonce).update(bytes(n)) == noise._public_encryptor(key, nonce).update(bytes(n))
