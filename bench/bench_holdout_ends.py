@@ -5,11 +5,11 @@
 Makes ``--streams`` ToPS streams whose holdouts take their readings (drawn over 100 values), then times the end of
 their holdouts on the same streams: one at a time (``ToPS._select``, what ``process`` does at the holdout's last
 reading), together (``operators.tops.end_holdouts``, what the daemon does with the holdouts of objects that end in one
-processing step) and, where the configuration ends in rows (the compact grid, a holdout too short to measure a leaf
-width), from rows of a columnar holdout into release rows (``ColumnarHoldout.choose_ends`` then
-``ColumnarRelease.add_started``, what the daemon does with such streams), with the compiled kernels loaded and
-compiled beforehand, and checks that all choose the same. Prints microseconds per stream. Not a test: only the
-equality is asserted.
+processing step) and, where the configuration ends in rows (a holdout too short to measure a leaf width), from rows
+of a columnar holdout into release rows (``choose_ends`` of ``ColumnarHoldout`` on the compact grid, of
+``ShortHoldout`` on the exact one, then ``ColumnarRelease.add_started``: what the daemon does with such streams),
+with the compiled kernels loaded and compiled beforehand, and checks that all choose the same. Prints microseconds
+per stream. Not a test: only the equality is asserted.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from operators import noise
 from operators.columnar import ColumnarRelease
-from operators.columnar_holdout import ColumnarHoldout, ends_in_rows
+from operators.columnar_holdout import ends_in_rows, holdout_store
 from operators.config import ToPSConfig
 from operators.tops import ToPS, end_holdouts
 
@@ -63,7 +63,7 @@ def main() -> int:
     n = a.streams
     rows_text = ""
     if ends_in_rows(cfg):
-        store, pool = ColumnarHoldout(cfg, capacity=n), ColumnarRelease(capacity=n)
+        store, pool = holdout_store(cfg, capacity=n), ColumnarRelease(capacity=n)
         rows = np.array([store.add_new(k) for k in keys], dtype=np.int64)
         store.process(np.repeat(rows, a.holdout), data.reshape(-1), end=True)
         warm = store.choose_ends(rows[:64])
