@@ -27,14 +27,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def replay(values: np.ndarray, key_file: Path, stream: str, tmp: Path, identity: str | None = None,
-           grid: str = "exact") -> np.ndarray:
+           grid: str = "exact", holdout: int = TEMPLATE["holdout"]) -> np.ndarray:
     """`tops replay` by subprocess with the daemon's master key file and identity (found under ``tmp`` if None), and
-    the template's holdout grid."""
+    the template's parameters with this holdout grid and holdout."""
     identity = identity or find_identity(tmp)
     src, out = tmp / f"{stream}.npy", tmp / f"{stream}.out.npy"
     np.save(src, values)
     cmd = [sys.executable, "-m", "stream.cli", "replay", str(src), "--epsilon", str(TEMPLATE["epsilon"]),
-           "--bound", str(TEMPLATE["bound"]), "--holdout", str(TEMPLATE["holdout"]),
+           "--bound", str(TEMPLATE["bound"]), "--holdout", str(holdout),
            "--range", str(TEMPLATE["query_range"]), "--fanout", str(TEMPLATE["fanout"]),
            "--key-file", str(key_file), "--identity", identity, "--stream", stream, "--out", str(out),
            "--holdout-grid", grid]
@@ -43,9 +43,9 @@ def replay(values: np.ndarray, key_file: Path, stream: str, tmp: Path, identity:
 
 
 def check_against_replay(releases: list[dict], values: np.ndarray, key_file: Path, stream: str, tmp: Path,
-                         identity: str | None = None, grid: str = "exact") -> int:
+                         identity: str | None = None, grid: str = "exact", holdout: int = TEMPLATE["holdout"]) -> int:
     """Released ticks and values of ``stream`` equal the replay of ``values``; returns the number released."""
-    expected = replay(values, key_file, stream, tmp, identity, grid)
+    expected = replay(values, key_file, stream, tmp, identity, grid, holdout)
     got = {r["tick"]: r["value"] for r in releases if r["stream"] == stream}
     want = {t: float(v) for t, v in enumerate(expected) if not np.isnan(v)}
     assert sorted(got) == sorted(want), f"stream {stream}: released ticks differ from replay"
