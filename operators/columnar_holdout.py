@@ -193,7 +193,7 @@ class ColumnarHoldout(RowStore):
         self.pos[r] = 0 if blocks is None else blocks.pos
         self.ticks[r] = op.ticks
         self.clamped[r] = op.clamped
-        self.key[r] = np.frombuffer(op._gen._key, dtype=np.uint8)
+        self.write_key(r, op._gen._key)
         return r
 
     def add_new(self, key: bytes) -> int:
@@ -210,7 +210,7 @@ class ColumnarHoldout(RowStore):
             self.pos[r] = self.ticks[r] = self.clamped[r] = 0
         if self._block_shape[0]:
             self.prev[r] = -1  # no previous block yet (BlockStats' own start; -1 too where no block is kept)
-        self.key[r] = np.frombuffer(key, dtype=np.uint8)
+        self.write_key(r, key)
         return r
 
     def release(self, r: int) -> None:
@@ -333,7 +333,7 @@ class ShortHoldout(RowStore):
         r = self._new_row()
         if reused:  # a row never handed out is zeros
             self.ticks[r] = self.clamped[r] = 0
-        self.key[r] = np.frombuffer(key, dtype=np.uint8)
+        self.write_key(r, key)
         return r
 
     def add(self, op: ToPS) -> int:
@@ -355,7 +355,7 @@ class ShortHoldout(RowStore):
         self.cell[r, : len(cells)] = cells
         self.ticks[r] = op.ticks
         self.clamped[r] = op.clamped
-        self.key[r] = np.frombuffer(op._gen._key, dtype=np.uint8)
+        self.write_key(r, op._gen._key)
         return r
 
     def release(self, r: int) -> None:

@@ -133,15 +133,25 @@ def test_hold_and_end_refuse_what_is_not_a_holdouts_end() -> None:
         done.hold([1.0])
 
 
-def test_the_batched_draws_are_each_streams_own() -> None:
+@pytest.mark.parametrize("openssl", ["direct", "public"])
+def test_the_batched_draws_are_each_streams_own(openssl: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``words_many`` and ``discrete_laplace_one_many`` give every generator's own words and draw (the compiled
-    ChaCha20 for a short grid, OpenSSL stream by stream for a long one)."""
+    ChaCha20 for a short grid; for a long one OpenSSL writes each stream's keystream into its row of the result, with
+    the direct context or the public one), from generators or key rows, at any domain and address."""
+    from operators import noise
+
+    if openssl == "public":
+        monkeypatch.setattr(noise, "_encryptor", noise._public_encryptor)
     rng = np.random.default_rng(5)
     gens = [KeyedGenerator(rng.bytes(32)) for _ in range(40)]
-    for count in (1, 203, 512, 4296):
-        got = words_many(gens, 1, 4, count)
-        assert got.shape == (40, count)
-        assert all(np.array_equal(row, g.words(1, 4, 0, count)) for row, g in zip(got, gens, strict=True))
+    rows = noise.KeyRows(np.stack([np.frombuffer(g._key, dtype=np.uint8) for g in gens]))
+    for count, domain, address in ((1, 1, 4), (203, 1, 4), (512, 1, 4), (513, 1, 4), (4296, 1, 4), (1000, 7, 1 << 63),
+                                   (4299, 2, 12345)):
+        for many in (gens, rows):
+            got = words_many(many, domain, address, count)
+            assert got.shape == (40, count) and got.dtype == np.uint64
+            assert all(np.array_equal(row, g.words(domain, address, 0, count))
+                       for row, g in zip(got, gens, strict=True))
     noises = [DiscreteLaplace(0.1, int(s)) for s in rng.integers(1, 5000, 40)]
     many = discrete_laplace_one_many(gens, 1, 3, 0, noises)
     assert many == [g.discrete_laplace_one(1, 3, 0, dl) for g, dl in zip(gens, noises, strict=True)]

@@ -161,6 +161,24 @@ def test_rows_refuse_what_is_not_a_holdouts_end() -> None:
                                       store.key[[a]], [4], 1, [2.0], np.array([3]), np.array([0]))
 
 
+@pytest.mark.parametrize("grid", ["compact", "exact"])
+def test_keys_written_through_the_flat_view_land_in_their_rows_as_the_store_grows(grid: str) -> None:
+    """``write_key`` writes a new row's key through a flat view of the key column: the view follows the column when
+    the store grows (a new array), a freed row's key is wiped and a reused row takes the new key."""
+    cfg = ToPSConfig(epsilon=1.0, bound=5000, holdout=3, holdout_grid=grid)
+    store = holdout_store(cfg, capacity=1)
+    rng = np.random.default_rng(9)
+    keys = [rng.bytes(32) for _ in range(40)]
+    rows = [store.add_new(k) for k in keys]  # grows 1 -> 64, the view made again at each growth
+    assert store.capacity == 64
+    assert [store.key[r].tobytes() for r in rows] == keys
+    store.release(rows[7])
+    assert not store.key[rows[7]].any()
+    again = rng.bytes(32)
+    assert store.add_new(again) == rows[7] and store.key[rows[7]].tobytes() == again
+    assert [store.key[r].tobytes() for r in rows if r != rows[7]] == keys[:7] + keys[8:]
+
+
 def test_key_rows_are_the_streams_generators_and_stay_secret() -> None:
     rng = np.random.default_rng(5)
     keys = rng.integers(0, 256, (40, 32), dtype=np.uint8)
