@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import compress
 from typing import Any
@@ -100,6 +100,19 @@ class ReleaseBatch:
     ts: list[float]
     values: list[float]
     theta: float
+
+
+def _by_store(recs: Iterable[StreamRecord]) -> list[tuple[Any, list[StreamRecord]]]:
+    """Streams that are rows of columnar holdouts, grouped by the store that holds their row (each store once, in the
+    order first met; a store is told apart by identity, not by its configuration's hash)."""
+    groups: dict[int, tuple[Any, list[StreamRecord]]] = {}
+    for rec in recs:
+        store = rec.operator.pool
+        g = groups.get(id(store))
+        if g is None:
+            g = groups[id(store)] = (store, [])
+        g[1].append(rec)
+    return list(groups.values())
 
 
 class Router:
@@ -491,15 +504,8 @@ class Router:
         one compiled pass per columnar holdout (the same numbers, stream by stream, as each stream's own operator:
         operators/columnar_holdout.py); their pending lists are emptied. A stream whose holdout ends in this step
         keeps its readings for :meth:`_process_batch`, which hands it its operator back for the choice."""
-        groups: dict[int, tuple[ColumnarHoldout, list[StreamRecord]]] = {}
-        for rec in self.dirty.values():
-            op = rec.operator
-            if rec.pending and type(op) is HoldoutRow:
-                g = groups.get(id(op.pool))
-                if g is None:
-                    g = groups[id(op.pool)] = (op.pool, [])
-                g[1].append(rec)
-        for store, recs in groups.values():
+        for store, recs in _by_store(rec for rec in self.dirty.values()
+                                     if rec.pending and type(rec.operator) is HoldoutRow):
             t0 = time.perf_counter()
             lengths = [len(rec.pending) for rec in recs]  # type: ignore[arg-type]
             row_of = [rec.operator.row for rec in recs]
@@ -633,15 +639,9 @@ class Router:
         operator chooses) and the streams go straight into release rows (``ColumnarRelease.add_started``), with no
         operator object on the way. Returns the streams given back as operators with their holdout taken (no compiled
         kernels loaded, or a configuration rows do not release): the caller chooses for them."""
-        groups: dict[int, tuple[ColumnarHoldout, list[StreamRecord]]] = {}
-        for rec in recs:
-            g = groups.get(id(rec.operator.pool))
-            if g is None:
-                g = groups[id(rec.operator.pool)] = (rec.operator.pool, [])
-            g[1].append(rec)
         back: list[tuple[StreamRecord, ToPS]] = []
         pool = self.pool
-        for store, group in groups.values():
+        for store, group in _by_store(recs):
             for rec in group:
                 self._unlend(rec)
             rows = np.array([rec.operator.row for rec in group], dtype=np.int64)
