@@ -484,15 +484,13 @@ class Router:
         if self.holdouts:
             self._holdout_rows()
         self._holdout_ends()
-        rows = self._release_rows() if self.pool is not None else None
+        if self.pool is not None:
+            out = self._release_rows()  # the rows' releases (their streams' pending readings taken)
         for rec in self.dirty.values():
             if rec.pending:
                 values, ts = rec.pending, rec.pending_ts
                 rec.pending = rec.pending_ts = None
                 assert ts is not None
-                if rows is not None and (hit := rows.get(rec.name)) is not None:
-                    out.append(ReleaseBatch(rec, list(range(rec.ticks - len(values), rec.ticks)), ts, *hit))
-                    continue
                 b = self._process(rec, values, ts)
                 if b is not None:
                     out.append(b)
@@ -673,15 +671,16 @@ class Router:
                 self._started(rec)
         return back
 
-    def _release_rows(self) -> dict[str, tuple[list[float], float]] | None:
+    def _release_rows(self) -> list[ReleaseBatch]:
         """The pending readings of every dirty stream that is a row, released in one compiled pass (the same
         releases, stream by stream, as each stream's own ``process``: operators/columnar.py), with each stream's
-        theta (``RowOperator.theta``: a row has no lower bound, so ``theta_units * resolution``)."""
+        theta (``RowOperator.theta``: a row has no lower bound, so ``theta_units * resolution``): a release batch a
+        stream, its pending readings taken."""
         pool = self.pool
         assert pool is not None
         recs = [rec for rec in self.dirty.values() if rec.pending and type(rec.operator) is RowOperator]
         if not recs:
-            return None
+            return []
         t0 = time.perf_counter()
         lengths = [len(rec.pending) for rec in recs]  # type: ignore[arg-type]
         row_of = np.array([rec.operator.row for rec in recs], dtype=np.int64)
@@ -692,7 +691,7 @@ class Router:
             rows = np.repeat(row_of, lengths)
             values = np.array([v for rec in recs for v in rec.pending], dtype=np.float64)  # type: ignore[union-attr]
         thetas = (pool.theta[row_of] * pool.resolution[row_of]).tolist()
-        out: dict[str, tuple[list[float], float]] = {}
+        out: list[ReleaseBatch] = []
         try:
             # readings were validated on intake (finite numbers) and the rows belong to live records
             released = pool.process(rows, values, checked=True).tolist()
@@ -702,9 +701,12 @@ class Router:
             return out
         at = 0
         for rec, n, theta in zip(recs, lengths, thetas, strict=True):
-            out[rec.name] = (released[at : at + n], theta)
+            t = rec.ticks
+            out.append(ReleaseBatch(rec, [t] if n == 1 else list(range(t, t + n)), rec.pending_ts,  # type: ignore[arg-type]
+                                    released[at : at + n], theta))
+            rec.pending = rec.pending_ts = None
             at += n
-            rec.ticks += n
+            rec.ticks = t + n
         self.ticks_processed += at
         self.ticks_total += at
         self.latencies.append(time.perf_counter() - t0)
