@@ -55,6 +55,12 @@ def rows_hold(config: ToPSConfig) -> bool:
     return config.smoother == "recent" and config.lower == 0
 
 
+def born_releasing(config: ToPSConfig) -> bool:
+    """Whether a new stream of a configuration releases from its first reading as a row (a public theta, no holdout:
+    :meth:`ColumnarRelease.add_new` makes the row ``ToPS(config, key)`` would become, without building it)."""
+    return config.theta is not None and rows_hold(config)
+
+
 def columnar_eligible(op: Any) -> bool:
     """Whether a stream can be a row: a releasing ToPS stream of a configuration rows hold (:func:`rows_hold`)."""
     return type(op) is ToPS and op.phase == "releasing" and rows_hold(op.config)
@@ -139,6 +145,9 @@ class ColumnarRelease(RowStore):
         self.ahead = ahead
         self.configs: list[ToPSConfig] = []
         self._config_index: dict[ToPSConfig, int] = {}
+        # a public theta's new row, by the configuration's identity (hashing one costs a microsecond): the
+        # configuration itself (kept: its id cannot be reused) and what its rows start from
+        self._births: dict[int, tuple[ToPSConfig, tuple[int, int, SmootherState, int]]] = {}
         super().__init__(capacity)
 
     def _columns(self) -> list[tuple[str, Any, tuple[int, ...]]]:
@@ -159,6 +168,30 @@ class ColumnarRelease(RowStore):
         walk = op._noise
         return self._put(op.config, op._gen._key, op.theta_units, op.smoother_layers, op._smoother, op.ticks,
                          op.clamped, op._bound_units, walk.tree * walk.leaves_per_tree + walk.leaf)
+
+    def add_new(self, config: ToPSConfig, key: bytes) -> int:
+        """The row :meth:`add` makes of ``ToPS(config, key)`` for a configuration with a public theta
+        (:func:`born_releasing`: it releases from its first reading), without building that operator: the theta in
+        units ``max(1, round(theta / resolution))``, the layers kept, the Recent smoother's prior (theta / 2) and
+        nothing drawn yet, as ``ToPS._start_release`` sets them (computed once a configuration)."""
+        if not born_releasing(config):
+            msg = "only a configuration with a public theta, the recent smoother and lower = 0 is born a row"
+            raise ValueError(msg)
+        if not isinstance(key, bytes | bytearray) or len(key) != _KEY_BYTES:
+            msg = f"a stream key is {_KEY_BYTES} bytes"
+            raise ValueError(msg)
+        hit = self._births.get(id(config))
+        if hit is None or hit[0] is not config:
+            theta = max(1, round((config.theta - config.lower) / config.resolution))  # type: ignore[operator]
+            s = release_layers(config, None)
+            shared_laplace(config.epsilon / (config.height - s), theta)  # refuses the theta ToPS would refuse
+            st = SmootherState.initial(config.smoother, leaf_ticks=config.fanout**s, theta_units=theta,
+                                       window=config.window, start=None)
+            hit = (config, (theta, s, st, math.floor(config.span / config.resolution + 1e-9)))
+            if len(self._births) < 256:
+                self._births[id(config)] = hit
+        theta, s, st, bound_units = hit[1]
+        return self._put(config, bytes(key), theta, s, st, 0, 0, bound_units, 0)
 
     def add_chosen(self, op: ToPS, sel: Selection) -> int:
         """The row :meth:`add` makes of ``op`` once ``op.start(sel)`` started it, without building the walk and the

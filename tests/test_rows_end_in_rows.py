@@ -281,25 +281,28 @@ def test_a_checkpoint_gets_the_states_at_the_cut_of_rows_ended_in_rows(cfg: ToPS
     assert made == wants
 
 
-def test_streams_born_as_rows_restart_and_release_what_each_releases_alone(tmp_path) -> None:
-    """`tops run` with durable state and a configuration whose new streams are holdout rows (no ToPS built for them):
-    streams stored in their holdout, restored at their next reading after a restart (the first one teaches the
+@pytest.mark.parametrize("born", ["holdout-row", "release-row"])
+def test_streams_born_as_rows_restart_and_release_what_each_releases_alone(tmp_path, born: str) -> None:
+    """`tops run` with durable state and a configuration whose new streams are rows (no ToPS built for them): holdout
+    rows (a holdout that ends in rows) or, with a public theta, release rows from the first reading. Streams stored
+    (in their holdout, or releasing), restored at their next reading after a restart (the first one teaches the
     restart the operators' kind: the row made for that is given back), new streams among them, holdouts ending in
     rows in every run: each stream releases what its own operator releases from its readings with its key."""
     import json
 
+    from operators.columnar import born_releasing
     from stream.core.keys import derive_stream_key, load_master_key
     from tests.conftest import identity_from_log, write_toml
     from tests.test_state_restart import tops
 
-    template = {"epsilon": 1.0, "bound": 5000.0, "holdout": 3, "query_range": 256, "fanout": 4,
-                "holdout_grid": "compact"}
+    template: dict[str, object] = {"epsilon": 1.0, "bound": 5000.0, "query_range": 256, "fanout": 4}
+    template.update({"holdout": 3, "holdout_grid": "compact"} if born == "holdout-row" else {"theta": 2500.0})
     cfg_file = write_toml(tmp_path / "tops.toml", {
         "input": {"source": "stdin"}, "output": {"sinks": ["stdout"]},
         "streams": {"key_file": str(tmp_path / "master.key"), "template": template},
         "metrics": {"port": 0}, "state": {"data_dir": str(tmp_path / "state")}})
-    cfg = ToPSConfig(**template)
-    assert ends_in_rows(cfg)
+    cfg = ToPSConfig(**template)  # type: ignore[arg-type]
+    assert ends_in_rows(cfg) if born == "holdout-row" else born_releasing(cfg)
     rng = np.random.default_rng(23)
     names = [f"s{i}" for i in range(120)]
     values = {n: readings(rng, 9, 5000.0) for n in names}
@@ -324,31 +327,71 @@ def test_streams_born_as_rows_restart_and_release_what_each_releases_alone(tmp_p
         assert got[n] == {t: float(x) for t, x in enumerate(alone.process(values[n])) if x == x}, n
 
 
-def test_the_first_stored_stream_after_a_restart_leaves_no_row_behind(tmp_path) -> None:
+@pytest.mark.parametrize("born", ["holdout-row", "release-row"])
+def test_the_first_stored_stream_after_a_restart_leaves_no_row_behind(tmp_path, born: str) -> None:
     """After a restart the first stored stream makes a new stream's operator to learn the operators' kind (a holdout
-    row, for a configuration whose new streams are rows): that row goes back at once; only the restored streams'
-    rows stay."""
+    row, or a release row with a public theta, for a configuration whose new streams are rows): that row goes back at
+    once; only the restored streams' rows stay."""
     import asyncio
 
     from tests.test_lazy_restore import _started, daemon
     from tests.test_state_restart import stdin_config, tops
 
-    small = {"holdout": 3, "holdout_grid": "compact"}
+    small: dict[str, object] = {"holdout": 3, "holdout_grid": "compact"} if born == "holdout-row" else {"theta": 60.0}
     cfg = stdin_config(tmp_path)
-    text = cfg.read_text().replace("holdout = 50", 'holdout = 3\nholdout_grid = "compact"')
-    assert 'holdout_grid = "compact"' in text
+    lines = "\n".join(f"{k} = {v!r}".replace("'", '"') for k, v in {"holdout": 50, **small}.items())
+    text = cfg.read_text().replace("holdout = 50", lines)  # the in-process daemon's template: TEMPLATE and these
+    assert all(k in text for k in small)
     cfg.write_text(text)
     assert tops("run", "--config", str(cfg), stdin=b"p,1\nq,2\nr,3\n").returncode == 0
     d = daemon(tmp_path, **small)
     asyncio.run(_started(d))
     try:
         d.on_lines([b"p,4", b"q,5"])
-        stores = list(d.router.holdouts.values())
-        assert [len(s) for s in stores] == [2]  # p and q, in their holdouts
+        stores = list(d.router.holdouts.values()) if born == "holdout-row" else [d.router.pool]
+        assert [len(s) for s in stores] == [2]  # p and q: their rows, and no other
         d.on_lines([b"new,6"])
-        assert [len(s) for s in stores] == [3] and type(d.router.streams["new"].operator) is HoldoutRow
+        assert [len(s) for s in stores] == [3]
+        kind = HoldoutRow if born == "holdout-row" else RowOperator
+        assert type(d.router.streams["new"].operator) is kind
+        made = d.keyed_operator(bytes(32))  # the daemon's factory makes the row itself (no ToPS built first)
+        assert type(made) is kind and [len(s) for s in stores] == [4]
+        made.free()
     finally:
         d.shutdown()
+
+
+def test_a_public_thetas_new_row_is_the_row_its_operator_becomes() -> None:
+    """``ColumnarRelease.add_new`` (a public theta: a stream releasing from its first reading) writes every column as
+    :meth:`ColumnarRelease.add` of ``ToPS(config, key)`` does, on several configurations (units other than 1, a theta
+    above the bound), and the rows release what each stream's own operator releases; it refuses a configuration with
+    a holdout, another smoother, a lower bound or a bad key."""
+    from operators.columnar import born_releasing
+
+    cfgs = [ToPSConfig(epsilon=1.0, bound=5000, theta=100.0),
+            ToPSConfig(epsilon=0.5, bound=100, theta=7.3, fanout=4, query_range=256, resolution=0.5),
+            ToPSConfig(epsilon=2.0, bound=1000, theta=1000.0, fanout=2, query_range=64)]
+    rng = np.random.default_rng(31)
+    for cfg in cfgs:
+        assert born_releasing(cfg)
+        objects, born = ColumnarRelease(capacity=1), ColumnarRelease(capacity=1)
+        keys = [rng.bytes(32) for _ in range(6)]
+        rows = [born.add_new(cfg, k) for k in keys]
+        assert [objects.add(ToPS(cfg, k)) for k in keys] == rows
+        for name, _, _ in objects._columns():
+            assert np.array_equal(getattr(objects, name)[:6], getattr(born, name)[:6]), name
+        values = rng.uniform(0.0, 1.2 * cfg.bound, size=(6, 70))  # past a refill of the noise drawn ahead
+        want = [ToPS(cfg, k).process(v) for k, v in zip(keys, values, strict=True)]
+        got = [[born.process(np.array([r]), values[i, t : t + 1])[0] for i, r in enumerate(rows)] for t in range(70)]
+        assert np.array_equal(np.stack(want), np.array(got).T)  # tick by tick, the streams interleaved
+    for bad in (ToPSConfig(epsilon=1.0, bound=100, holdout=20), ToPSConfig(epsilon=1.0, bound=100, theta=5.0,
+                                                                           smoother="moving"),
+                ToPSConfig(epsilon=1.0, bound=100, theta=50.0, lower=10.0)):
+        assert not born_releasing(bad)
+        with pytest.raises(ValueError, match="public theta"):
+            ColumnarRelease().add_new(bad, bytes(32))
+    with pytest.raises(ValueError, match="32 bytes"):
+        ColumnarRelease().add_new(cfgs[0], b"short")
 
 
 def test_every_release_of_a_row_carries_its_streams_theta() -> None:

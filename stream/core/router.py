@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from operators.columnar import ColumnarRelease, RowOperator, columnar_eligible, rows_hold
+from operators.columnar import ColumnarRelease, RowOperator, born_releasing, columnar_eligible, rows_hold
 from operators.columnar_holdout import (
     MIN_HOLDOUT_LEFT,
     ColumnarHoldout,
@@ -196,6 +196,14 @@ class Router:
             raise ValueError(msg)
         store = self._holdout_store(cfg)
         return HoldoutRow(store, store.add_new(key))
+
+    def release_row(self, cfg: ToPSConfig, key: bytes) -> RowOperator:
+        """A new ToPS stream of ``cfg`` (a public theta: ``born_releasing(cfg)``) with ``key`` as the release row
+        :meth:`record` would make of ``ToPS(cfg, key)``, after :meth:`use_columns`, without building that operator."""
+        if self.pool is None or not born_releasing(cfg):
+            msg = "only a configuration with a public theta whose streams rows hold, once the router uses columns"
+            raise ValueError(msg)
+        return RowOperator(self.pool, self.pool.add_new(cfg, key))
 
     def record(self, name: str, now: float | None = None) -> StreamRecord:
         """The stream's record, created on first sight; :class:`StreamCapError` past the cap. ``now``: the time

@@ -384,12 +384,13 @@ class Durability:
         kind = self._kind
         if adm.state is None or kind is None:  # a new stream (or the first of this run: its kind is learnt)
             op = self.daemon.keyed_operator(key) if keyed else self._base_factory(name)
-            if keyed:  # a new stream may be born a holdout row (Router.holdout_row): its kind is ToPS
-                self._kind = (ToPS if type(op) is HoldoutRow else type(op), op.config)
+            born_row = type(op) is HoldoutRow or type(op) is RowOperator
+            if keyed:  # a new stream may be born a row (Router.holdout_row, Router.release_row): its kind is ToPS
+                self._kind = (ToPS if born_row else type(op), op.config)
             if adm.state is None:
                 self.changed.add(name)
                 return op
-            if type(op) is HoldoutRow:  # made only to learn the kind: its row goes back
+            if born_row:  # made only to learn the kind: its row goes back
                 op.free()
             kind = self._kind or (type(op), op.config)
         try:  # a stored stream: its operator is made from the snapshot (no fresh one built first)

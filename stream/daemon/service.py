@@ -25,6 +25,7 @@ from typing import IO, Any
 
 from operators import ToPLConfig
 from operators.categorical.release import CategoricalRelease
+from operators.columnar import born_releasing
 from operators.columnar_holdout import born_in_rows
 from operators.ranges.release import RangeRelease
 from operators.selection import prepare as prepare_selection
@@ -242,6 +243,9 @@ class Daemon:
                 # a new stream is the holdout row its ToPS would become, made without that ToPS (about 10 us a new
                 # stream, most of it the collector's share of the objects made and dropped)
                 make = self._keyed = partial(self.router.holdout_row, template)
+            elif method == "tops" and self.router.pool is not None and born_releasing(template):
+                # a public theta: a new stream is the release row its ToPS would become, made without that ToPS
+                make = self._keyed = partial(self.router.release_row, template)
             else:
                 make = self._keyed = lambda key: build_operator(template, method, key)
         return make(key)
