@@ -673,7 +673,7 @@ def _openssl_words_many(gens: Sequence[KeyedGenerator] | KeyRows, domain: int, a
     encryptor = _encryptor
     for i, key in enumerate(keys):
         encryptor(key if type(key) is bytes else key.tobytes(), nonce).update_into(zeros, flat[i * size:(i + 1) * size])
-    out = out.view(np.uint64) if out.dtype != np.uint64 else out
+    out = out.astype(np.uint64, copy=False)  # the little-endian words as native ones (no copy on this machine)
     return out[:, :count] if out.shape[1] != count else out
 
 
