@@ -679,13 +679,13 @@ def _openssl_words_many(gens: Sequence[KeyedGenerator] | KeyRows, domain: int, a
 
 def words_many(gens: Sequence[KeyedGenerator] | KeyRows, domain: int, address: int, count: int) -> np.ndarray:
     """Row ``i``: ``gens[i].words(domain, address, 0, count)`` (the same words), for many streams at once: in one
-    compiled call while the compiled ChaCha20 beats OpenSSL's (``_SMALL_BLOCKS``), else stream by stream."""
+    compiled call while the compiled ChaCha20 beats OpenSSL's (``_SMALL_BLOCKS``), past that OpenSSL's keystreams
+    written into their rows; anything else (no compiled kernels, an address out of range) stream by stream."""
     nblocks = -(-count // _WORDS_PER_BLOCK)
-    if (gens and count > 0 and nblocks > _SMALL_BLOCKS and nblocks <= _MAX_BLOCKS
-            and 0 <= domain < _OVERFLOW_DOMAIN and 0 <= address < 1 << 64):
+    fits = bool(gens) and count > 0 and 0 <= domain < _OVERFLOW_DOMAIN and 0 <= address < 1 << 64
+    if fits and _SMALL_BLOCKS < nblocks <= _MAX_BLOCKS:
         return _openssl_words_many(gens, domain, address, count, nblocks)
-    if (not gens or _kernel_state["chacha"] is None or nblocks > _SMALL_BLOCKS or count <= 0
-            or not (0 <= domain < _OVERFLOW_DOMAIN and 0 <= address < 1 << 64)):
+    if not fits or _kernel_state["chacha"] is None or nblocks > _SMALL_BLOCKS:
         return np.array([g.words(domain, address, 0, count) for g in gens], dtype=np.uint64).reshape(len(gens), count)
     from operators._chacha_kernel import keystream_many
 

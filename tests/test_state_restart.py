@@ -153,32 +153,16 @@ def test_kill9_right_after_reconnect_never_counts_a_reading_without_seq_twice(mo
             time.sleep(kills.uniform(0.0, 0.1) if cycle % 2 else kills.uniform(0.2, 0.5))
             daemon.kill()  # SIGKILL, right after the reconnect on odd cycles
             logs.append(daemon.stderr())
-        run_dir = tmp_path / "final"
-        run_dir.mkdir()
-        daemon = DaemonProcess(cfg, mport, run_dir)
-        daemon.wait_connected()
-        feeder.join(60)
-        assert not feeder.is_alive()
         n_release = sum(len(v) - TEMPLATE["holdout"] for v in values.values())
-
-        def keys() -> set[tuple[str, int]]:
-            return {(p["stream"], p["tick"]) for p in sub.payloads() if "tick" in p}
-
-        wait_for(lambda: len(keys()) >= n_release, 30, what="every release")
-        time.sleep(1.0)  # a duplicate would show up as one more tick
-        assert daemon.stop() == 0
+        daemon = final_run(cfg, mport, tmp_path, sub, feeder, n_release, settle=1.0)  # a duplicate: one more tick
         logs.append(daemon.stderr())
     finally:
         sub.close()
         daemon.kill()
-    releases = [p for p in sub.payloads() if "tick" in p]
+    releases = unique_releases(sub)
     for s, v in values.items():
         ticks = {r["tick"] for r in releases if r["stream"] == s}
         assert max(ticks) < len(v), f"stream {s}: {max(ticks) + 1} ticks from {len(v)} readings"
-    seen: dict[tuple[str, int], tuple[float, float]] = {}
-    for r in releases:
-        k = (r["stream"], r["tick"])
-        assert seen.setdefault(k, (r["value"], r["theta"])) == (r["value"], r["theta"]), k
     for s, v in values.items():
         assert check_against_replay(releases, v, tmp_path / "master.key", s, tmp_path) == len(v) - TEMPLATE["holdout"]
     # (a socket closed under asyncio's add_writer at the takeover is logged by asyncio; no traceback of ours)
@@ -204,20 +188,32 @@ def kill_cycles(cfg: Path, mport: int, tmp_path: Path, sub: Subscriber, feeder: 
         logs.append(daemon.stderr())
         after_kill()
         time.sleep(kills.uniform(0.0, 0.5))
+    logs.append(final_run(cfg, mport, tmp_path, sub, feeder, n_release).stderr())
+    return logs
+
+
+def final_run(cfg: Path, mport: int, tmp_path: Path, sub: Subscriber, feeder: Feeder, n_release: int,
+              settle: float = 0.0) -> DaemonProcess:
+    """The run after the kills: until ``feeder`` is done and ``n_release`` distinct releases arrived (then ``settle``
+    seconds more), stopped cleanly."""
     run_dir = tmp_path / "final"
     run_dir.mkdir()
     daemon = DaemonProcess(cfg, mport, run_dir)
-    daemon.wait_connected()
-    feeder.join(60)
-    assert not feeder.is_alive()
 
     def keys() -> set[tuple[str, int]]:
         return {(p["stream"], p["tick"]) for p in sub.payloads() if "tick" in p}
 
-    wait_for(lambda: len(keys()) >= n_release, 30, what="every release")
-    assert daemon.stop() == 0
-    logs.append(daemon.stderr())
-    return logs
+    try:
+        daemon.wait_connected()
+        feeder.join(60)
+        assert not feeder.is_alive()
+        wait_for(lambda: len(keys()) >= n_release, 30, what="every release")
+        time.sleep(settle)
+        assert daemon.stop() == 0
+    except BaseException:
+        daemon.kill()  # a failing run leaves no daemon behind
+        raise
+    return daemon
 
 
 def unique_releases(sub: Subscriber) -> list[dict]:
