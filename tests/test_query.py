@@ -167,6 +167,8 @@ def test_query_live_from_the_daemon_topic(mosquitto, tmp_path: Path) -> None:
         assert publish(mosquitto.port, "meters/a/reading", [f"{v:g}" for v in values[:100]]).returncode == 0
         wait_for(lambda: any(t == "dp/a/status" and '"releasing"' in p for t, p in sub.lines), 20,
                  what="releasing status")
+        # the status can come before the releases of ticks 50..99: the query must subscribe after the last of them
+        wait_for(lambda: any(p.get("tick") == 99 for p in sub.payloads()), 20, what="the release of tick 99")
         query = subprocess.Popen(
             [sys.executable, "-m", "stream.cli", "query", "--host", "127.0.0.1", "--port", str(mosquitto.port),
              "--stream", "a", "--releases", "300", "--seconds", "60", "--json"],
