@@ -394,18 +394,25 @@ class NatsCluster:
 
 
 def _wait_jetstream(servers: list[str], timeout: float = 60.0) -> None:
-    """Until the cluster's JetStream answers (its meta leader elected)."""
+    """Until the cluster's JetStream answers (its meta leader elected) and places a stream on all its nodes: an
+    answering meta leader that does not know every peer yet refuses a stream of three replicas ("no suitable peers
+    for placement"), which a test that creates the streams at once then met."""
     import asyncio
 
     async def ready() -> None:
         import nats
+        from nats.js.api import StorageType, StreamConfig
 
         nc = await nats.connect(servers=servers)
         try:
             deadline = time.monotonic() + timeout
             while True:
                 try:
-                    await nc.jetstream(timeout=2.0).account_info()
+                    js = nc.jetstream(timeout=2.0)
+                    await js.account_info()
+                    await js.add_stream(StreamConfig(name="READY_PROBE", subjects=["ready.probe"],
+                                                     num_replicas=len(servers), storage=StorageType.MEMORY))
+                    await js.delete_stream("READY_PROBE")
                     return
                 except Exception:
                     if time.monotonic() > deadline:

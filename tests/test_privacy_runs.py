@@ -22,10 +22,12 @@ from stream.core.config import DAEMON_METHODS
 from tests.conftest import identity_from_log, write_toml
 
 ROOT = Path(__file__).resolve().parent.parent
-# Fresh noise, measured: independent runs coincide on a tick only when their integer noises happen to be equal. The
-# calibrated selection smooths big leaves here (s = 3: 64 ticks share one prediction), so one coincidence covers a
-# whole leaf: up to about 10% of ticks. Shared noise gives 98%.
-FRESH = 0.2
+# Fresh noise, measured over 435 pairs of runs: the 63 ticks before the first leaf ends release the public prior, the
+# same in any run (7% of the 900 released ticks), and independent runs coincide on another tick only when their
+# integer noises happen to be equal. The calibrated selection smooths big leaves here (s = 3: 64 ticks share one
+# prediction), so one coincidence covers a whole leaf (7% more): 12 pairs had one such leaf, 3 had two (21%). Half
+# the ticks would take 6 coincident leaves of the 13. Shared noise gives 98%.
+FRESH = 0.5
 PARAMS = ["--holdout", "100", "--bound", "10", "--range", "256", "--fanout", "4", "--epsilon", "1"]
 
 
