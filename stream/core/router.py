@@ -351,6 +351,35 @@ class Router:
                 if accept(rec, v, None if ts is None else ts[i], None if seqs is None else seqs[i], now) == "ok"]
         return None if len(kept) == len(values) else kept
 
+    def add_plain(self, recs: list[StreamRecord], values: list[float], now: float) -> list[int]:
+        """:meth:`add` for readings without ts and seq of many streams at once (the ``stream,value`` lines of a stdin
+        chunk, in their order), in mode ``reading``: each appended to its stream's pending readings, without a call
+        per reading. Returns the indexes it left for :meth:`add` (a failed stream, periods, a local holdout that
+        takes reports): those streams' readings, in their order; every other reading was accepted."""
+        if self.clock is not None:
+            return list(range(len(recs)))
+        left: list[int] = []
+        dirty, seen = self.dirty, self.seen
+        mono = time.monotonic()
+        taken = 0
+        for i, rec in enumerate(recs):
+            if rec.failed or (rec.phase == "holdout" and getattr(rec.operator, "takes_reports", False)):
+                left.append(i)
+                continue
+            pending = rec.pending
+            if pending is None:
+                rec.pending, rec.pending_ts = [values[i]], [now]
+            else:
+                pending.append(values[i])
+                rec.pending_ts.append(now)  # type: ignore[union-attr]
+            dirty[rec.name] = rec
+            rec.last_seen = mono
+            if seen is not None:
+                self._seen_now(rec)
+            taken += 1
+        self.counts["ok"] += taken
+        return left
+
     def _holdout_report(self, rec: StreamRecord, value: float, seq: int | None) -> None:
         """Local mode: a holdout report feeds the threshold estimate directly; it is not a tick."""
         op = rec.operator

@@ -7,8 +7,8 @@ generation is asked for: the preflight checks every stored stream), puts the sto
 queue, re-processes the journal since the last checkpoint (re-producing byte-identical releases, published again)
 and checkpoints.
 
-While running, every accepted reading is appended to the journal (``Router.add`` and ``Router.add_many`` are
-wrapped; the readings of one message make one line) before it is processed;
+While running, every accepted reading is appended to the journal (``Router.add``, ``Router.add_many`` and
+``Router.add_plain`` are wrapped; the readings of one message make one line) before it is processed;
 ``sync_loop`` makes batches of them durable (write + fsync in a worker thread). Releases and status messages are
 *held* until the readings they depend on are durable, and QoS 1 messages are acknowledged only then; so whatever
 leaves the process can be re-produced from the journal, and a release is never made twice with different values.
@@ -146,6 +146,7 @@ class Durability:
         self._base_factory = daemon.router.factory
         self._add = daemon.router.add
         self._add_many = daemon.router.add_many
+        self._add_plain = daemon.router.add_plain
         # periods on the wall clock: the arrival time decides the period, whatever the reading's ts
         self._arrival_time = daemon.router.clock is not None and not daemon.router.event_time
         self._record = daemon.router.record
@@ -444,6 +445,18 @@ class Durability:
         self.changed.add(rec.name)
         return kept
 
+    def journaled_add_plain(self, recs: list[StreamRecord], values: list[float], now: float) -> list[int]:
+        """``Router.add_plain``, then every reading it accepted goes to the journal, in its order (the readings it
+        leaves go through :meth:`journaled_add`)."""
+        left = self._add_plain(recs, values, now)
+        append, changed = self.journal.append_json, self.changed
+        skip = set(left)
+        for i, rec in enumerate(recs):
+            if i not in skip:
+                append(rec.name_json, values[i], now, None)
+                changed.add(rec.name)
+        return left
+
     # -- holding releases until their readings are durable ------------------------------------------------------
     def hold(self, batches: list[ReleaseBatch]) -> bool:
         """Called by ``Daemon.emit``: True when the releases must wait for the next sync (they are kept)."""
@@ -711,6 +724,7 @@ class Durability:
         """From now on every accepted reading is appended to the journal."""
         self.router.add = self.journaled_add  # type: ignore[method-assign]
         self.router.add_many = self.journaled_add_many  # type: ignore[method-assign]
+        self.router.add_plain = self.journaled_add_plain  # type: ignore[method-assign]
 
     def close(self) -> None:
         """The last checkpoint is taken by the drain; close the files."""

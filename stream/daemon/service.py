@@ -482,11 +482,13 @@ class Daemon:
         now = time.time()
         # read once a batch: a configuration section's attribute costs about a microsecond (its __getattr__)
         limit, default = self.cfg.input.max_payload_bytes, self.cfg.input.default_stream
-        counts, router, names = self.msg_counts, self.router, self._csv_names
-        streams, isfinite = router.streams, math.isfinite
+        names, streams, isfinite = self._csv_names, self.router.streams, math.isfinite
+        # the common line, ``stream,value``, of a stream already seen: what on_line does with it, without decoding its
+        # name again (the name's bytes as a line gives them, mapped to the name on_line checked); these lines are
+        # taken together (Router.add_plain), those before any other line first, so that every stream keeps its order
+        recs: list[StreamRecord] = []
+        values: list[float] = []
         for line in lines:
-            # the common line, ``stream,value``, of a stream already seen: what on_line does with it, without decoding
-            # its name again (the name's bytes as a line gives them, mapped to the name on_line checked)
             parts = line.split(b",")
             if len(parts) == 2 and (name := names.get(parts[0])) is not None and len(line) <= limit \
                     and (rec := streams.get(name)) is not None:
@@ -495,20 +497,35 @@ class Daemon:
                 except ValueError:
                     value = math.nan
                 if isfinite(value):
-                    try:
-                        counts["failed" if router.add(rec, value, None, None, now) == "failed" else "ok"] += 1
-                    except OSError:
-                        raise
-                    except Exception as exc:
-                        self.message_failed(exc, f"stdin line for stream {rec.name!r}", rec)
+                    recs.append(rec)
+                    values.append(value)
                     continue
+            if recs:
+                self.add_plain(recs, values, now)
+                recs, values = [], []
             try:
                 self.on_line(line, now, limit, default)
             except OSError:
                 raise
             except Exception as exc:
                 self.message_failed(exc, "stdin line")
+        if recs:
+            self.add_plain(recs, values, now)
         self.safe_step()
+
+    def add_plain(self, recs: list[StreamRecord], values: list[float], now: float) -> None:
+        """The ``stream,value`` lines of known streams (one reading each), routed together; a line is one message."""
+        router, counts = self.router, self.msg_counts
+        left = router.add_plain(recs, values, now)
+        counts["ok"] += len(recs) - len(left)
+        for i in left:  # a failed stream, periods, a local holdout's reports: one at a time
+            rec = recs[i]
+            try:
+                counts["failed" if router.add(rec, values[i], None, None, now) == "failed" else "ok"] += 1
+            except OSError:
+                raise
+            except Exception as exc:
+                self.message_failed(exc, f"stdin line for stream {rec.name!r}", rec)
 
     def on_line(self, line: bytes, now: float, limit: int, default: str | None) -> None:
         """One stdin line (``limit``: ``[input] max_payload_bytes``; ``default``: ``[input] default_stream``)."""

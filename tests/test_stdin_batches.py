@@ -1,0 +1,99 @@
+"""The ``stream,value`` lines of a stdin chunk are routed together (``Router.add_plain``); every other line, one at a
+time. The attacks: a chunk that mixes both kinds for one stream must keep that stream's order (a batch taken after
+the other lines would reorder its readings), a failed stream's lines inside a batch are refused and counted, and a
+local holdout's plain lines still go to its reports."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from stream.core.config import build_config, build_operator
+from stream.core.keys import derive_stream_key, load_master_key
+from stream.daemon import service as daemon_mod
+
+TPL = {"epsilon": 1.0, "bound": 20.0, "holdout": 6, "fanout": 2, "query_range": 64}
+
+
+def _daemon(tmp_path: Path, **streams: object) -> tuple[daemon_mod.Daemon, io.StringIO]:
+    cfg = build_config({"metrics": {"port": 0}, "state": {"data_dir": ""}, "input": {"source": "stdin"},
+                        "streams": {"key_file": str(tmp_path / "k"), "template": TPL, **streams}})
+    out = io.StringIO()
+    d = daemon_mod.Daemon(cfg, stdin=io.BytesIO(b""), stdout=out, install_signals=False)
+    d.startup()
+    return d, out
+
+
+def _releases(text: io.StringIO) -> dict[str, dict[int, float]]:
+    out: dict[str, dict[int, float]] = {}
+    for line in text.getvalue().splitlines():
+        r = json.loads(line)
+        out.setdefault(r["stream"], {})[r["tick"]] = r["value"]
+    return out
+
+
+def _own(d: daemon_mod.Daemon, tmp_path: Path, name: str, values: list[float]) -> dict[int, float]:
+    """The stream's own operator, fed its readings in their order (the same key as the daemon's)."""
+    key = derive_stream_key(load_master_key(tmp_path / "k"), name, identity=d.identity)
+    rel = build_operator(d.cfg.template, "tops", key).process(np.array(values))
+    return {t: float(v) for t, v in enumerate(rel) if not np.isnan(v)}
+
+
+def test_a_chunk_that_mixes_plain_and_other_lines_keeps_each_streams_order(tmp_path: Path) -> None:
+    d, text = _daemon(tmp_path)
+    rng = np.random.default_rng(5)
+    want: dict[str, list[float]] = {"a": [], "b": [], "c": []}
+    chunks = []
+    for r in range(4):
+        chunk = []
+        for i in range(40):
+            v = float(rng.integers(0, 20))
+            name = "abc"[i % 3] if r or i > 20 else "ab"[i % 2]  # c is first seen inside a chunk
+            if i % 7 == 3:  # a line that is not ``stream,value``: JSON with a seq, between plain lines of its stream
+                chunk.append(json.dumps({"stream": name, "value": v, "seq": 1000 * r + i}).encode())
+            elif i % 11 == 5:
+                chunk.append(f"{name},inf".encode())  # not a reading (invalid): the others go on
+                continue
+            else:
+                chunk.append(f"{name},{v:g}".encode())
+            want[name].append(v)
+        chunks.append(chunk)
+    for chunk in chunks:
+        d.on_lines(chunk)
+    got = _releases(text)
+    for name, values in want.items():
+        assert len(values) > TPL["holdout"] + 10
+        assert got[name] == _own(d, tmp_path, name, values), name
+    assert d.msg_counts["ok"] == sum(map(len, want.values()))
+    assert d.msg_counts["invalid"] == sum(line.endswith(b",inf") for c in chunks for line in c) > 5
+
+
+def test_a_failed_streams_plain_lines_are_refused_and_the_others_go_on(tmp_path: Path) -> None:
+    d, _ = _daemon(tmp_path)
+    d.on_lines([b"a,1", b"b,2"])
+    d.router.fail(d.router.streams["b"], "a test")
+    ok, failed = d.msg_counts["ok"], d.msg_counts["failed"]
+    d.on_lines([f"{'ab'[i % 2]},{i % 20}".encode() for i in range(30)])
+    assert d.msg_counts["failed"] - failed == 15 and d.msg_counts["ok"] - ok == 15
+    assert d.router.streams["a"].ticks == 16 and d.router.streams["b"].ticks == 1
+    assert d.router.streams["b"].pending is None
+
+
+def test_a_local_holdouts_plain_lines_are_reports_not_ticks(tmp_path: Path) -> None:
+    """Local mode on stdin: a ``stream,value`` line of a stream in its threshold phase is a device's report, which the
+    threshold estimate observes (``Router.add`` sends it there); routed as a plain reading it would become a tick."""
+    cfg = build_config({"metrics": {"port": 0}, "state": {"data_dir": ""}, "input": {"source": "stdin"},
+                        "streams": {"key_file": str(tmp_path / "k"), "mode": "local",
+                                    "template": {"epsilon": 1.0, "bound": 20.0, "holdout": 200}},
+                        "local": {"streams": ["zone"]}})
+    d = daemon_mod.Daemon(cfg, stdin=io.BytesIO(b""), stdout=io.StringIO(), install_signals=False)
+    d.startup()
+    d.on_lines([b"zone,0.5"])
+    rec = d.router.streams["zone"]
+    left = rec.operator.holdout_left
+    d.on_lines([f"zone,{(i % 10) / 10}".encode() for i in range(60)])
+    assert rec.operator.holdout_left == left - 60 and rec.ticks == 0 and rec.phase == "holdout"
+    assert d.msg_counts["ok"] == 61
