@@ -1,7 +1,7 @@
 """The ``stream,value`` lines of a stdin chunk are routed together (``Router.add_plain``); every other line, one at a
 time. The attacks: a chunk that mixes both kinds for one stream must keep that stream's order (a batch taken after
-the other lines would reorder its readings), a failed stream's lines inside a batch are refused and counted, and a
-local holdout's plain lines still go to its reports."""
+the other lines would reorder its readings), a failed stream's lines inside a batch are refused and counted, a
+local holdout's plain lines still go to its reports, and a batch whose routing raises fails its own streams only."""
 
 from __future__ import annotations
 
@@ -97,3 +97,23 @@ def test_a_local_holdouts_plain_lines_are_reports_not_ticks(tmp_path: Path) -> N
     d.on_lines([f"zone,{(i % 10) / 10}".encode() for i in range(60)])
     assert rec.operator.holdout_left == left - 60 and rec.ticks == 0 and rec.phase == "holdout"
     assert d.msg_counts["ok"] == 61
+
+
+def test_a_batch_whose_routing_raises_fails_its_streams_and_the_daemon_goes_on(tmp_path: Path) -> None:
+    """The attack (a bug injected into the batch path): the streams of the batch are failed and its lines counted
+    ``failed``, as a line whose handling raises is; the daemon does not stop, and the next chunk's streams go on."""
+    d, text = _daemon(tmp_path)
+    d.on_lines([b"a,1", b"b,2", b"c,3"])
+    real = d.router.add_plain
+
+    def broken(recs, values, now):
+        raise RuntimeError("injected")
+
+    d.router.add_plain = broken  # type: ignore[method-assign]
+    failed = d.msg_counts["failed"]
+    d.on_lines([b"a,1", b"b,2", b"a,3"])
+    assert d.msg_counts["failed"] - failed == 3
+    assert d.router.streams["a"].failed and d.router.streams["b"].failed and not d.router.streams["c"].failed
+    d.router.add_plain = real  # type: ignore[method-assign]
+    d.on_lines([f"c,{i % 20}".encode() for i in range(20)])
+    assert d.router.streams["c"].ticks == 21 and len(_releases(text)["c"]) == 21 - TPL["holdout"]

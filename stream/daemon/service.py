@@ -516,7 +516,16 @@ class Daemon:
     def add_plain(self, recs: list[StreamRecord], values: list[float], now: float) -> None:
         """The ``stream,value`` lines of known streams (one reading each), routed together; a line is one message."""
         router, counts = self.router, self.msg_counts
-        left = router.add_plain(recs, values, now)
+        try:
+            left = router.add_plain(recs, values, now)
+        except OSError:  # the journal's disk: what a full disk does is decided there
+            raise
+        except Exception as exc:  # a bug: the streams of these lines fail (as one line's would), no other
+            streams = dict.fromkeys(recs)
+            for rec in streams:
+                self.message_failed(exc, f"stdin line for stream {rec.name!r}", rec)
+            counts["failed"] += len(recs) - len(streams)
+            return
         counts["ok"] += len(recs) - len(left)
         for i in left:  # a failed stream, periods, a local holdout's reports: one at a time
             rec = recs[i]
