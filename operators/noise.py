@@ -344,10 +344,13 @@ def _geometric_slow(bits: _Bits, idx: np.ndarray, dl: DiscreteLaplace) -> np.nda
     return y
 
 
-@functools.lru_cache(maxsize=4096, typed=True)
+@functools.lru_cache(maxsize=1 << 14, typed=True)
 def shared_laplace(epsilon: float, sensitivity: float) -> DiscreteLaplace:
     """``DiscreteLaplace(epsilon, sensitivity)``, one shared instance per pair (never modified): a stream's end of
-    holdout asks for a few (typed: ``True`` and ``1`` are different keys, and a refused pair raises, uncached)."""
+    holdout asks for a few (typed: ``True`` and ``1`` are different keys, and a refused pair raises, uncached).
+    Room for two per candidate of the exact grid at B = 5,000 (the start's noise and the hierarchy's, at each theta:
+    with 4,096 pairs, streams ending their holdouts at thousands of thetas kept evicting each other's, 5% of a run
+    of 200,000 short holdouts); about 800 bytes a pair."""
     return DiscreteLaplace(epsilon=epsilon, sensitivity=sensitivity)
 
 
@@ -595,7 +598,7 @@ class KeyedGenerator:
 
 class KeyRows:
     """The keys of many streams as rows of a ``(n, 32)`` uint8 array (a columnar store's key column), seen as the list
-    of their generators that :func:`words_many` and :func:`discrete_laplace_one_many` take: their compiled paths read
+    of their generators that :func:`discrete_laplace_one_many` and the holdouts' choice take: their compiled paths read
     the rows' words at once, without a :class:`KeyedGenerator` per stream; ``rows[i]`` is stream ``i``'s generator (a
     slice, the keys of a slice). Holds secrets: never printed, never pickled."""
 
@@ -657,38 +660,3 @@ def discrete_laplace_one_many(gens: Sequence[KeyedGenerator] | KeyRows, domain: 
     for i in np.flatnonzero(~ok).tolist():
         values[i] = int(gens[i].discrete_laplace(domain, address, index, 1, noises[i])[0])
     return values
-
-
-def _openssl_words_many(gens: Sequence[KeyedGenerator] | KeyRows, domain: int, address: int, count: int,
-                        nblocks: int) -> np.ndarray:
-    """:func:`words_many` through OpenSSL (where it beats the compiled ChaCha20: more than ``_SMALL_BLOCKS`` blocks),
-    each stream's keystream written straight into its row of the result (``update_into``: no bytes object, no copy;
-    the same bytes as :func:`_keystream`)."""
-    keys = gens._keys if isinstance(gens, KeyRows) else [g._key for g in gens]
-    nonce = (0).to_bytes(4, "little") + int(domain).to_bytes(4, "little") + int(address).to_bytes(8, "little")
-    out = np.empty((len(keys), nblocks * _WORDS_PER_BLOCK), dtype="<u8")
-    size = nblocks * 64
-    flat = memoryview(out.reshape(-1).view(np.uint8))
-    zeros = bytes(size)
-    encryptor = _encryptor
-    for i, key in enumerate(keys):
-        encryptor(key if type(key) is bytes else key.tobytes(), nonce).update_into(zeros, flat[i * size:(i + 1) * size])
-    out = out.astype(np.uint64, copy=False)  # the little-endian words as native ones (no copy on this machine)
-    return out[:, :count] if out.shape[1] != count else out
-
-
-def words_many(gens: Sequence[KeyedGenerator] | KeyRows, domain: int, address: int, count: int) -> np.ndarray:
-    """Row ``i``: ``gens[i].words(domain, address, 0, count)`` (the same words), for many streams at once: in one
-    compiled call while the compiled ChaCha20 beats OpenSSL's (``_SMALL_BLOCKS``), past that OpenSSL's keystreams
-    written into their rows; anything else (no compiled kernels, an address out of range) stream by stream."""
-    nblocks = -(-count // _WORDS_PER_BLOCK)
-    fits = bool(gens) and count > 0 and 0 <= domain < _OVERFLOW_DOMAIN and 0 <= address < 1 << 64
-    if fits and _SMALL_BLOCKS < nblocks <= _MAX_BLOCKS:
-        return _openssl_words_many(gens, domain, address, count, nblocks)
-    if not fits or _kernel_state["chacha"] is None or nblocks > _SMALL_BLOCKS:
-        return np.array([g.words(domain, address, 0, count) for g in gens], dtype=np.uint64).reshape(len(gens), count)
-    from operators._chacha_kernel import keystream_many
-
-    keys = _stacked_key_words(gens)
-    out = keystream_many(keys, 0, int(domain), int(address) & 0xFFFFFFFF, int(address) >> 32, nblocks)
-    return out[:, :count] if out.shape[1] != count else out

@@ -41,7 +41,8 @@ shares are :data:`BUDGET_SPLIT`):
    values above it, ``k`` = twice the rank error of this step (as high in the tail as the budget can see), by the
    exponential mechanism on 48 geometric points (utility ``-|m_t - k|``, sensitivity 1, not monotone: noise
    ``Exp(2 / eps)``). When even 30% cannot get ``k <= m / 4``, theta comes from counts alone (``e = 1``) with the
-   shares of steps 1 and 2.
+   shares of steps 1 and 2: report-noisy-max over every candidate, its noise drawn from the largest down
+   (:mod:`operators.noisy_max`, the same distribution for a few draws).
 2. 10%: ``e``, the mean excess of the values above ``q_k`` clipped at ``q_k``: the clipped sum (sensitivity q_k)
    and the count (sensitivity 1), half each, exact discrete Laplace. The estimate's own variance is added to its
    square (the expected squared bias under its noise), so a noisy e errs towards a larger theta.
@@ -73,7 +74,7 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -85,13 +86,13 @@ from operators.noise import (
     Domain,
     KeyedGenerator,
     KeyRows,
-    _words_to_uniform,
+    _stacked_key_words,
     compiled_loaded,
     discrete_laplace_one_many,
     expect_draws,
     shared_laplace,
-    words_many,
 )
+from operators.noisy_max import WordStream, report_noisy_max_drawn
 from operators.threshold import m_theta, report_noisy_max, smoother_layers
 
 __all__ = [
@@ -112,7 +113,6 @@ _MAX_QUANTILE_SHARE = 0.3
 _FEW = 8  # BlockStats.add takes at most this many readings one at a time in Python (numpy's set-up costs more)
 _THETA_POINTS = 72  # theta candidates between q_k / 4 and 8 q_k, 5% apart
 _STEPS = 1024.0  # statistics are rounded to 1/1024 before their integer noise
-_WORDS_AT_ONCE = 256  # choose_small_many draws the report-noisy-max's words for this many streams at a time
 _QUANTILE_GRID = 48  # the percentile is searched on at most this many geometric points
 _SIM_QUERIES = 500
 _SIM_WORK = 1 << 21  # leaves + ranges simulated per (b, r, s) ...
@@ -478,19 +478,41 @@ def _best_model(thetas: np.ndarray, s_options: list[int], G: dict[int, float], s
 
 
 def _counts_kernel():
-    """The compiled :func:`operators._selection_kernel.counts_noisy_max` and ``cells_noisy_max`` once the process
+    """The compiled :func:`operators._selection_kernel.counts_drawn_max` and ``cells_drawn_max`` once the process
     loaded the compiled noise kernels (it draws often: a daemon), else None (numpy: the same index)."""
     if not compiled_loaded():
         return None
     got = _KERNELS.get("counts")
     if got is None:
-        from operators._selection_kernel import cells_noisy_max, counts_noisy_max
+        from operators._selection_kernel import cells_drawn_max, counts_drawn_max
 
-        got = _KERNELS["counts"] = (counts_noisy_max, cells_noisy_max)
+        got = _KERNELS["counts"] = (counts_drawn_max, cells_drawn_max)
     return got
 
 
 _KERNELS: dict[str, tuple] = {}
+
+
+_KERNEL_WORDS = (16, 1024)  # the words the compiled report-noisy-max gets: two blocks, then 128 (then Python's)
+
+
+def _drawn_pick(hist: np.ndarray | Cells, base: np.ndarray, gen: KeyedGenerator, epsilon: float,
+                kernels: tuple | None, budgets: tuple[int, ...] = _KERNEL_WORDS) -> int:
+    """The fallback's report-noisy-max of ``u_k = -sqrt(base_k + m_theta_k^2)``, its noise drawn where it can matter
+    (:mod:`operators.noisy_max`) from the words at address 4: compiled (``kernels``) while the first words suffice
+    (``budgets``: a few words nearly always do), else in Python; the same index either way (tested)."""
+    if kernels is not None:
+        for count in budgets:
+            words = gen.words(int(Domain.THRESHOLD), 4, 0, count)
+            if isinstance(hist, Cells):  # from the occupied cells (base grows with theta: monotone)
+                k = kernels[1](hist.index, hist.count, base, words, epsilon)
+            else:
+                k = kernels[0](np.asarray(hist).astype(np.int64), base, words, epsilon)
+            if k >= 0:
+                return int(k)
+    dense = hist.dense() if isinstance(hist, Cells) else np.asarray(hist).astype(np.int64)
+    util = -np.sqrt(base + m_theta(dense).astype(np.float64) ** 2)
+    return report_noisy_max_drawn(util, epsilon, WordStream(partial(gen.words, int(Domain.THRESHOLD), 4)))
 
 
 def default_layers(fixed_s: int | None, epsilon: float, query_range: int, fanout: int) -> int:
@@ -543,7 +565,6 @@ def choose(
     """
     m = holdout
     h = tree_height(query_range, fanout)
-    n_cand = len(candidates)
     grid = _grids(candidates)
     values = grid.values
     cells = hist if isinstance(hist, Cells) else None
@@ -582,14 +603,7 @@ def choose(
             mean_excess = math.sqrt(mean_excess**2 + var)
     else:  # too little budget for a useful quantile: theta now, from counts (C = 1), with the two shares
         base = _counts_base(grid, s_options, G, m, epsilon, moment)
-        words = gen.words(int(Domain.THRESHOLD), 4, 0, n_cand)
-        if cells is not None:  # the same index from the occupied cells (base grows with theta: monotone)
-            k = kernels[1](cells.index, cells.count, base, words, eps_t)
-        elif kernels is not None:  # the same index, with far fewer logarithms (operators/_selection_kernel.py)
-            k = kernels[0](hist.astype(np.int64), base, words, eps_t)
-        else:
-            util = -np.sqrt(base + m_theta(hist.astype(np.int64)).astype(np.float64) ** 2)
-            k = report_noisy_max(util, _words_to_uniform(words), eps_t)
+        k = _drawn_pick(cells if cells is not None else hist, base, gen, eps_t, kernels)
         q = int(candidates[k])
         scale_ref = q
     # 2. smoothing error per measurable s
@@ -764,14 +778,17 @@ def _choose_small(
     points = values.astype(np.int64)  # integers (exact: the check above)
     if not _SMALL_MANY_READY:
         _warm_small_many(base, points)
-    from operators._selection_kernel import cells_noisy_max_many
+    from operators._chacha_kernel import keystream_many
+    from operators._selection_kernel import cells_drawn_max_many
 
-    picks = np.empty(n, dtype=np.int64)
-    totals = np.empty(n, dtype=np.int64)
-    for a in range(0, n, _WORDS_AT_ONCE):  # the words of a few hundred streams at a time (34 KB each at most)
-        b = min(a + _WORDS_AT_ONCE, n)
-        words = np.ascontiguousarray(words_many(gens[a:b], int(Domain.THRESHOLD), 4, len(candidates)))
-        picks[a:b], totals[a:b] = cells_noisy_max_many(words, index, count, offsets[a : b + 1], base, eps_t, points)
+    keys = np.ascontiguousarray(_stacked_key_words(gens))
+    words = keystream_many(keys, 0, int(Domain.THRESHOLD), 4, 0, _KERNEL_WORDS[0] // 8)
+    picks, totals = cells_drawn_max_many(words, index, count, offsets, base, eps_t, points)
+    for i in np.flatnonzero(picks < 0).tolist():  # the few whose first words were not enough: one by one
+        lo, hi = offsets[i], offsets[i + 1]
+        cells = Cells(index[lo:hi], count[lo:hi], len(candidates) + 1, int(count[lo:hi].sum()))
+        picks[i] = _drawn_pick(cells, base, gens[i], eps_t, kernels, _KERNEL_WORDS[1:])
+        totals[i] = int(np.dot(cells.count, np.minimum(points[cells.index], points[picks[i]])))
     thetas = candidates[picks].tolist()
     noise_at: dict[int, DiscreteLaplace | None] = {}  # step 6's noise per theta (a handful of distinct thetas)
     for theta in thetas:
@@ -811,13 +828,13 @@ def _warm_small_many(base: np.ndarray, points: np.ndarray) -> None:
     def compile_all() -> None:
         from operators._chacha_kernel import keystream_many
         from operators._dlap_kernel import sample_one_many
-        from operators._selection_kernel import cells_noisy_max_many
+        from operators._selection_kernel import cells_drawn_max_many
 
         keys = np.zeros((2, 8), dtype=np.uint64)
-        keystream_many(keys, 0, 1, 4, 0, 1)
+        words = keystream_many(keys, 0, 1, 4, 0, _KERNEL_WORDS[0] // 8)
         ones = np.ones(2, dtype=np.int64)
         offsets = np.arange(3, dtype=np.int64)
-        cells_noisy_max_many(np.zeros((2, base.size), dtype=np.uint64), ones * 0, ones, offsets[:3], base, 1.0, points)
+        cells_drawn_max_many(words, ones * 0, ones, offsets[:3], base, 1.0, points)
         dl = shared_laplace(1.0, 1)
         params = np.array([(dl.log2_t, dl.s, dl.q, dl.r)] * 2, dtype=np.int64)
         sample_one_many(keys, 0, 1, 3, 0, params[:, 0], params[:, 1], params[:, 2], params[:, 3])

@@ -17,7 +17,7 @@ import pytest
 from operators import noise, selection
 from operators.columnar import ColumnarRelease
 from operators.config import ToPSConfig
-from operators.noise import DiscreteLaplace, KeyedGenerator, discrete_laplace_one_many, words_many
+from operators.noise import DiscreteLaplace, KeyedGenerator, discrete_laplace_one_many
 from operators.tops import ToPS, choose_ends, end_holdouts
 from stream.core.router import Router
 from tests.test_columnar_router import run
@@ -116,6 +116,18 @@ def test_without_the_compiled_kernels_each_stream_chooses_alone(monkeypatch: pyt
     assert [a.snapshot() for a in alone] == [b.snapshot() for b in together]
 
 
+@pytest.mark.parametrize("grid", ["compact", "exact"])
+def test_choices_whose_first_words_run_out_are_made_again_the_same(grid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled report-noisy-max gets the keystream's first words (two blocks) and says when they run out; those
+    streams are chosen again with more, and past that in Python. With one block, then two, many run out at each
+    stage: every choice, theta and start alike, is still the one made with enough words."""
+    cfg = ToPSConfig(epsilon=1.0, bound=5000, holdout=3, holdout_grid=grid)
+    _, enough, _ = ended_together(cfg, 200, 4)
+    monkeypatch.setattr(selection, "_KERNEL_WORDS", (8, 16))
+    alone, short, _ = ended_together(cfg, 200, 4)
+    assert [a.snapshot() for a in alone] == [b.snapshot() for b in short] == [c.snapshot() for c in enough]
+
+
 def test_hold_and_end_refuse_what_is_not_a_holdouts_end() -> None:
     cfg = ToPSConfig(epsilon=1.0, bound=100, holdout=3)
     op = ToPS(cfg, key_of("a"))
@@ -133,28 +145,17 @@ def test_hold_and_end_refuse_what_is_not_a_holdouts_end() -> None:
         done.hold([1.0])
 
 
-@pytest.mark.parametrize("openssl", ["direct", "public"])
-def test_the_batched_draws_are_each_streams_own(openssl: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``words_many`` and ``discrete_laplace_one_many`` give every generator's own words and draw (the compiled
-    ChaCha20 for a short grid; for a long one OpenSSL writes each stream's keystream into its row of the result, with
-    the direct context or the public one), from generators or key rows, at any domain and address."""
+def test_the_batched_draws_are_each_streams_own() -> None:
+    """``discrete_laplace_one_many`` gives every generator's own draw, from generators or key rows."""
     from operators import noise
 
-    if openssl == "public":
-        monkeypatch.setattr(noise, "_encryptor", noise._public_encryptor)
     rng = np.random.default_rng(5)
     gens = [KeyedGenerator(rng.bytes(32)) for _ in range(40)]
     rows = noise.KeyRows(np.stack([np.frombuffer(g._key, dtype=np.uint8) for g in gens]))
-    for count, domain, address in ((1, 1, 4), (203, 1, 4), (512, 1, 4), (513, 1, 4), (4296, 1, 4), (1000, 7, 1 << 63),
-                                   (4299, 2, 12345)):
-        for many in (gens, rows):
-            got = words_many(many, domain, address, count)
-            assert got.shape == (40, count) and got.dtype == np.uint64
-            assert all(np.array_equal(row, g.words(domain, address, 0, count))
-                       for row, g in zip(got, gens, strict=True))
     noises = [DiscreteLaplace(0.1, int(s)) for s in rng.integers(1, 5000, 40)]
     many = discrete_laplace_one_many(gens, 1, 3, 0, noises)
     assert many == [g.discrete_laplace_one(1, 3, 0, dl) for g, dl in zip(gens, noises, strict=True)]
+    assert discrete_laplace_one_many(rows, 1, 3, 0, noises) == many
     assert len(set(many)) > 30
 
 

@@ -23,7 +23,7 @@ from operators.columnar_holdout import (
     holdout_store,
 )
 from operators.config import ToPSConfig
-from operators.noise import KeyedGenerator, KeyRows, discrete_laplace_one_many, words_many
+from operators.noise import KeyedGenerator, KeyRows, discrete_laplace_one_many
 from operators.tops import ToPS, choose_ends
 from stream.core.router import Router
 from tests.test_columnar_router import run
@@ -184,9 +184,7 @@ def test_key_rows_are_the_streams_generators_and_stay_secret() -> None:
     keys = rng.integers(0, 256, (40, 32), dtype=np.uint8)
     rows, gens = KeyRows(keys), [KeyedGenerator(k.tobytes()) for k in keys]
     assert np.array_equal(rows.key_words(), np.stack([g.key_words() for g in gens]))
-    for count in (1, 203, 4296):  # the compiled ChaCha20, and OpenSSL's past 64 blocks
-        assert np.array_equal(words_many(rows, 1, 4, count), words_many(gens, 1, 4, count))
-    assert np.array_equal(words_many(rows[5:9], 1, 4, 30), words_many(gens[5:9], 1, 4, 30))
+    assert [r.words(1, 4, 0, 30).tolist() for r in rows[5:9]] == [g.words(1, 4, 0, 30).tolist() for g in gens[5:9]]
     dls = [noise.DiscreteLaplace(0.2, int(s)) for s in rng.integers(1, 5000, 40)]
     assert discrete_laplace_one_many(rows, 1, 3, 0, dls) == discrete_laplace_one_many(gens, 1, 3, 0, dls)
     assert rows[7].words(2, 9, 0, 5).tolist() == gens[7].words(2, 9, 0, 5).tolist()
