@@ -177,7 +177,7 @@ class ColumnarRelease(RowStore):
         if not born_releasing(config):
             msg = "only a configuration with a public theta, the recent smoother and lower = 0 is born a row"
             raise ValueError(msg)
-        if not isinstance(key, bytes | bytearray) or len(key) != _KEY_BYTES:
+        if not isinstance(key, (bytes, bytearray)) or len(key) != _KEY_BYTES:
             msg = f"a stream key is {_KEY_BYTES} bytes"
             raise ValueError(msg)
         hit = self._births.get(id(config))
@@ -259,7 +259,7 @@ class ColumnarRelease(RowStore):
             raise ValueError(msg)
         layers = h - s
         DiscreteLaplace(epsilon=config.epsilon / layers, sensitivity=theta)  # refuses the theta restore refuses
-        if not isinstance(key, bytes | bytearray) or len(key) != _KEY_BYTES:
+        if not isinstance(key, (bytes, bytearray)) or len(key) != _KEY_BYTES:
             msg = f"a stream key is {_KEY_BYTES} bytes"
             raise ValueError(msg)
         tree, leaf = int(snapshot["walk"]["tree"]), int(snapshot["walk"]["leaf"])

@@ -199,7 +199,7 @@ class ColumnarHoldout(RowStore):
     def add_new(self, key: bytes) -> int:
         """A new stream of this configuration (no reading yet) with ``key``: the row :meth:`add` makes of
         ``ToPS(config, key)``, without building that operator (a daemon makes one for every new stream)."""
-        if not isinstance(key, bytes | bytearray) or len(key) != _KEY_BYTES:
+        if not isinstance(key, (bytes, bytearray)) or len(key) != _KEY_BYTES:
             msg = f"a stream key is {_KEY_BYTES} bytes"
             raise ValueError(msg)
         reused = bool(self._free)
@@ -326,7 +326,7 @@ class ShortHoldout(RowStore):
 
     def add_new(self, key: bytes) -> int:
         """A new stream (no reading yet) with ``key``: the row :meth:`add` makes of ``ToPS(config, key)``."""
-        if not isinstance(key, bytes | bytearray) or len(key) != _KEY_BYTES:
+        if not isinstance(key, (bytes, bytearray)) or len(key) != _KEY_BYTES:
             msg = f"a stream key is {_KEY_BYTES} bytes"
             raise ValueError(msg)
         reused = bool(self._free)

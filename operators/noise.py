@@ -485,7 +485,7 @@ class KeyedGenerator:
     __slots__ = ("_key", "_key_words")
 
     def __init__(self, key: bytes) -> None:
-        if not isinstance(key, bytes | bytearray) or len(key) != KEY_BYTES:
+        if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
             msg = f"a stream key is {KEY_BYTES} bytes"
             raise ValueError(msg)
         self._key = bytes(key)

@@ -1,7 +1,10 @@
-"""The ``stream,value`` lines of a stdin chunk are routed together (``Router.add_plain``); every other line, one at a
-time. The attacks: a chunk that mixes both kinds for one stream must keep that stream's order (a batch taken after
-the other lines would reorder its readings), a failed stream's lines inside a batch are refused and counted, a
-local holdout's plain lines still go to its reports, and a batch whose routing raises fails its own streams only."""
+"""The ``stream,value`` lines of a stdin chunk are routed together (``Router.add_plain``), a new stream's first line
+too (its record made on the way, ``Daemon.new_plain``); every other line, one at a time. The attacks: a chunk that
+mixes both kinds for one stream must keep that stream's order (a batch taken after the other lines would reorder its
+readings), a failed stream's lines inside a batch are refused and counted, a local holdout's plain lines still go to
+its reports, a batch whose routing raises fails its own streams only, and a new stream's line that is not a clean
+``stream,value`` (a bad name, a bad value, space around the name, past the stream cap, a stored stream that cannot be
+restored) is decided and counted exactly as one line at a time decides it."""
 
 from __future__ import annotations
 
@@ -117,3 +120,42 @@ def test_a_batch_whose_routing_raises_fails_its_streams_and_the_daemon_goes_on(t
     d.router.add_plain = real  # type: ignore[method-assign]
     d.on_lines([f"c,{i % 20}".encode() for i in range(20)])
     assert d.router.streams["c"].ticks == 21 and len(_releases(text)["c"]) == 21 - TPL["holdout"]
+
+
+def _hostile_new_lines() -> list[list[bytes]]:
+    """Chunks of new streams' ``stream,value`` lines mixed with every way such a line can be wrong."""
+    bad = [b"a/b,1", b"+,2", b"x#,3", b"\xff\xfe,4", b"n" * 129 + b",5", b"m9,nan", b"m9,1e999", b"m10,abc",
+           b" m11 ,3", b"m12 ,4", b"\tm13,5", b",6", b"m14,", b"{m15,1", b"[m16,2", b"m17,3,", b"caf\xc3\xa9,7"]
+    rng = np.random.default_rng(13)
+    chunks = []
+    for r in range(3):
+        chunk = [f"s{r}-{i},{int(rng.integers(0, 20))}".encode() for i in range(12)]
+        for j, line in enumerate(bad):
+            chunk.insert(int(rng.integers(0, len(chunk) + 1)), line)
+            chunk.append(f"s{r}-{j % 12},{int(rng.integers(0, 20))}".encode())  # a second reading: now a known line
+        chunk += [f"s{r}-{i % 12},{int(rng.integers(0, 20))}".encode() for i in range(96)]  # past the holdout
+        chunks.append(chunk)
+    return chunks
+
+
+def test_new_streams_first_lines_are_decided_as_one_line_at_a_time_decides_them(tmp_path: Path,
+                                                                                monkeypatch) -> None:
+    """Two daemons on one key file and one identity, the same hostile chunks (and a stream cap that the chunks cross):
+    one takes a new stream's line with the chunk's plain lines, the other line by line (``new_plain`` off). The same
+    streams, counts, rejections and releases."""
+    runs = []
+    for fast in (True, False):
+        d, text = _daemon(tmp_path, max_streams=40)
+        d.identity = "0" * 32
+        if not fast:
+            monkeypatch.setattr(d, "new_plain", lambda parts, now: None)
+        for chunk in _hostile_new_lines():
+            d.on_lines(chunk)
+        runs.append((sorted(d.router.streams), dict(d.msg_counts), d.cap_readings, dict(d.router.counts),
+                     _releases(text)))
+    assert runs[0] == runs[1]
+    streams, counts, cap, _, releases = runs[0]
+    assert "café" in streams and "m11" in streams and "m12" in streams  # a valid name, and names stripped of space
+    assert not any(n in streams for n in ("a/b", "+", "x#", "m9", "m10", "m14", "n" * 129))
+    assert len(streams) == 40 and cap > 0 and counts["invalid"] >= 24 and releases
+

@@ -42,7 +42,7 @@ from stream.core.control import categorical_control, range_control, stream_contr
 from stream.core.errors import ConfigFileError, PayloadError, StartupError, StreamCapError
 from stream.core.keys import KeyFileError, derive_stream_key, load_master_key, new_identity
 from stream.core.metrics import MESSAGE_RESULTS, Metrics
-from stream.core.payload import decode_line, decode_payload_columns, decode_reports
+from stream.core.payload import check_stream_name, decode_line, decode_payload_columns, decode_reports
 from stream.core.router import ReleaseBatch, Router, StreamRecord
 from stream.core.sinks import PublishQueue, StdoutSink, encode_releases, encode_status
 from stream.core.ticking import PeriodClock
@@ -484,21 +484,27 @@ class Daemon:
         limit, default = self.cfg.input.max_payload_bytes, self.cfg.input.default_stream
         names, streams, isfinite = self._csv_names, self.router.streams, math.isfinite
         # the common line, ``stream,value``, of a stream already seen: what on_line does with it, without decoding its
-        # name again (the name's bytes as a line gives them, mapped to the name on_line checked); these lines are
-        # taken together (Router.add_plain), those before any other line first, so that every stream keeps its order
+        # name again (the name's bytes as a line gives them, mapped to the name on_line checked), and of a new stream
+        # (new_plain: its record made as on_line makes it); these lines are taken together (Router.add_plain), those
+        # before any other line first, so that every stream keeps its order
         recs: list[StreamRecord] = []
         values: list[float] = []
+        new_plain = self.new_plain
         for line in lines:
             parts = line.split(b",")
-            if len(parts) == 2 and (name := names.get(parts[0])) is not None and len(line) <= limit \
-                    and (rec := streams.get(name)) is not None:
-                try:
-                    value = float(parts[1])
-                except ValueError:
-                    value = math.nan
-                if isfinite(value):
-                    recs.append(rec)
-                    values.append(value)
+            if len(parts) == 2 and len(line) <= limit:
+                if (name := names.get(parts[0])) is not None and (rec := streams.get(name)) is not None:
+                    try:
+                        value = float(parts[1])
+                    except ValueError:
+                        value = math.nan
+                    if isfinite(value):
+                        recs.append(rec)
+                        values.append(value)
+                        continue
+                elif (got := new_plain(parts, now)) is not None:  # the first line of a new stream
+                    recs.append(got[0])
+                    values.append(got[1])
                     continue
             if recs:
                 self.add_plain(recs, values, now)
@@ -512,6 +518,39 @@ class Daemon:
         if recs:
             self.add_plain(recs, values, now)
         self.safe_step()
+
+    def new_plain(self, parts: list[bytes], now: float) -> tuple[StreamRecord, float] | None:
+        """The ``stream,value`` line (split at its comma) of a stream not yet known: its record, made as
+        :meth:`on_line` makes it, and its value, to be taken with the chunk's other plain lines; None for anything
+        else (an invalid name or value, space around the name, the stream cap): :meth:`on_line` then decides, and
+        counts, as for any line."""
+        raw = parts[0]
+        first = raw[:1]
+        if not first or first.isspace() or first in (b"{", b"[") or raw[-1:].isspace():
+            return None
+        try:
+            value = float(parts[1])
+            name = check_stream_name(raw.decode("utf-8"))
+        except (ValueError, PayloadError):  # (UnicodeDecodeError is a ValueError)
+            return None
+        if not math.isfinite(value):
+            return None
+        router = self.router
+        if name not in router.streams and len(router.streams) >= router.max_streams:
+            return None
+        try:
+            rec = self.stream_record(name, now)
+        except OSError:  # the journal's disk: decided there
+            raise
+        except Exception:  # a stored stream that cannot be restored: on_line counts the line failed
+            return None
+        if rec is None:
+            return None
+        names = self._csv_names
+        if len(names) >= self._csv_names_max:
+            names.clear()
+        names[raw] = name
+        return rec, value
 
     def add_plain(self, recs: list[StreamRecord], values: list[float], now: float) -> None:
         """The ``stream,value`` lines of known streams (one reading each), routed together; a line is one message."""
