@@ -122,6 +122,32 @@ class RowStore:
         self.rows += 1
         return self.rows - 1
 
+    def new_rows(self, n: int) -> tuple[np.ndarray, int]:
+        """``n`` free rows at once (freed rows first, the store grown once when needed) and how many of them, at the
+        start, were freed ones (their columns hold a former stream's numbers; the others are zeros)."""
+        free = self._free
+        reused = free[len(free) - min(n, len(free)):][::-1]  # popped in the order :meth:`_new_row` pops them
+        del free[len(free) - len(reused):]
+        fresh = n - len(reused)
+        if self.rows + fresh > self.capacity:
+            capacity = self.capacity
+            while capacity < self.rows + fresh:
+                capacity *= 2
+            self._alloc(capacity)
+        rows = np.empty(n, dtype=np.int64)
+        rows[: len(reused)] = reused
+        rows[len(reused):] = np.arange(self.rows, self.rows + fresh)
+        self.rows += fresh
+        return rows, len(reused)
+
+    def write_keys(self, rows: np.ndarray, keys: list[bytes]) -> None:
+        """:meth:`write_key` of many rows: ``keys[i]`` (32 bytes each, checked) into row ``rows[i]``."""
+        flat = b"".join(keys)
+        if len(flat) != _KEY_BYTES * len(keys) or any(len(k) != _KEY_BYTES for k in keys):
+            msg = f"a stream key is {_KEY_BYTES} bytes"
+            raise ValueError(msg)
+        self.key[rows] = np.frombuffer(flat, dtype=np.uint8).reshape(len(keys), _KEY_BYTES)  # type: ignore[attr-defined]
+
     def write_key(self, r: int, key: bytes) -> None:
         """Row ``r``'s key (32 bytes), written through a flat view of the key column's bytes: a fifth of the cost of
         numpy's row assignment, which a new stream pays once."""

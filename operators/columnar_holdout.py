@@ -64,6 +64,12 @@ def holdout_eligible(op: Any) -> bool:
             and (op.config.holdout_grid == "compact" or ends_in_rows(op.config)))
 
 
+def _check_keys(keys: list[bytes]) -> None:
+    if not all(isinstance(key, (bytes, bytearray)) and len(key) == _KEY_BYTES for key in keys):
+        msg = f"a stream key is {_KEY_BYTES} bytes"
+        raise ValueError(msg)
+
+
 def ends_in_rows(config: ToPSConfig) -> bool:
     """Whether the holdout rows of a configuration take their last reading too and end together, row to row
     (``choose_ends``, without an operator): a holdout too short to measure a leaf width, chosen by the calibrated
@@ -213,6 +219,20 @@ class ColumnarHoldout(RowStore):
         self.write_key(r, key)
         return r
 
+    def add_new_many(self, keys: list[bytes]) -> np.ndarray:
+        """:meth:`add_new` of many new streams at once (a chunk of input's new streams): their rows, in order."""
+        _check_keys(keys)
+        rows, reused = self.new_rows(len(keys))
+        if reused:
+            old = rows[:reused]
+            self.hist[old] = 0
+            self.partial[old] = self.acc[old] = self.pairs[old] = 0
+            self.pos[old] = self.ticks[old] = self.clamped[old] = 0
+        if self._block_shape[0]:
+            self.prev[rows] = -1
+        self.write_keys(rows, keys)
+        return rows
+
     def release(self, r: int) -> None:
         """Free row ``r`` (its stream left memory, or took its operator back); its key is wiped."""
         self._give_back(r)
@@ -335,6 +355,16 @@ class ShortHoldout(RowStore):
             self.ticks[r] = self.clamped[r] = 0
         self.write_key(r, key)
         return r
+
+    def add_new_many(self, keys: list[bytes]) -> np.ndarray:
+        """:meth:`add_new` of many new streams at once (a chunk of input's new streams): their rows, in order."""
+        _check_keys(keys)
+        rows, reused = self.new_rows(len(keys))
+        if reused:
+            old = rows[:reused]
+            self.ticks[old] = self.clamped[old] = 0
+        self.write_keys(rows, keys)
+        return rows
 
     def add(self, op: ToPS) -> int:
         """Make a ToPS stream of this configuration in its holdout a row: its histogram's cells, each as often as it

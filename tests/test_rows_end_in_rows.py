@@ -81,6 +81,37 @@ def test_a_new_row_is_the_row_of_a_new_operator(cfg: ToPSConfig) -> None:
         direct.add_new(b"short")
 
 
+@pytest.mark.parametrize("cfg", [
+    ToPSConfig(epsilon=1.0, bound=5000, holdout=3, holdout_grid="compact"),
+    ToPSConfig(epsilon=1.0, bound=100, holdout=40, holdout_grid="compact", fanout=4, query_range=256),
+    ToPSConfig(epsilon=1.0, bound=5000, holdout=3),  # the exact grid: ShortHoldout
+])
+def test_new_rows_made_together_are_the_rows_made_one_at_a_time(cfg: ToPSConfig) -> None:
+    """``add_new_many`` (a chunk of input's new streams) hands out the rows ``add_new`` would, one at a time, freed
+    rows first (a former stream's numbers wiped), the store grown as needed, and writes the same columns; a key of
+    the wrong length is refused before any row is taken."""
+    data = readings(np.random.default_rng(3), 9, cfg.bound)
+    one, many = holdout_store(cfg, capacity=2), holdout_store(cfg, capacity=2)
+    for store in (one, many):  # 9 streams that took a reading, 4 of them gone (their rows freed)
+        rows = np.array([store.add_new(key_of(f"old{i}")) for i in range(9)], dtype=np.int64)
+        store.process(rows, data)
+        for r in (2, 7, 0, 5):
+            store.release(r)
+    keys = [key_of(f"new{i}") for i in range(12)]  # 4 reuse freed rows, 8 are new: the store grows 16 -> 32
+    got = many.add_new_many(keys)
+    assert got.tolist() == [one.add_new(k) for k in keys]
+    assert one.capacity == many.capacity and one.rows == many.rows and one._free == many._free
+    for name, _, _ in one._columns():
+        assert np.array_equal(getattr(one, name)[: one.rows], getattr(many, name)[: many.rows]), name
+    for r, k in zip(got.tolist(), keys, strict=True):
+        assert many.key[r].tobytes() == k and many.left(r) == cfg.holdout_ticks
+    rows_before = many.rows
+    with pytest.raises(ValueError, match="32 bytes"):
+        many.add_new_many([key_of("x"), b"short"])
+    assert many.rows == rows_before and many._free == one._free
+    assert many.add_new_many([]).size == 0
+
+
 def held_rows(cfg: ToPSConfig, n: int, seed: int) -> tuple[ColumnarHoldout, np.ndarray, list[ToPS], np.ndarray]:
     """``n`` streams whose whole holdout went into rows (in batches of every stream's next reading, a batch of several
     readings of some streams, and the last readings with ``end``), and the same streams as operators that took the

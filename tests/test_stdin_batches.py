@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from stream.core.config import build_config, build_operator
 from stream.core.keys import derive_stream_key, load_master_key
@@ -21,9 +22,9 @@ from stream.daemon import service as daemon_mod
 TPL = {"epsilon": 1.0, "bound": 20.0, "holdout": 6, "fanout": 2, "query_range": 64}
 
 
-def _daemon(tmp_path: Path, **streams: object) -> tuple[daemon_mod.Daemon, io.StringIO]:
+def _daemon(tmp_path: Path, template: dict | None = None, **streams: object) -> tuple[daemon_mod.Daemon, io.StringIO]:
     cfg = build_config({"metrics": {"port": 0}, "state": {"data_dir": ""}, "input": {"source": "stdin"},
-                        "streams": {"key_file": str(tmp_path / "k"), "template": TPL, **streams}})
+                        "streams": {"key_file": str(tmp_path / "k"), "template": template or TPL, **streams}})
     out = io.StringIO()
     d = daemon_mod.Daemon(cfg, stdin=io.BytesIO(b""), stdout=out, install_signals=False)
     d.startup()
@@ -138,24 +139,62 @@ def _hostile_new_lines() -> list[list[bytes]]:
     return chunks
 
 
-def test_new_streams_first_lines_are_decided_as_one_line_at_a_time_decides_them(tmp_path: Path,
-                                                                                monkeypatch) -> None:
-    """Two daemons on one key file and one identity, the same hostile chunks (and a stream cap that the chunks cross):
-    one takes a new stream's line with the chunk's plain lines, the other line by line (``new_plain`` off). The same
-    streams, counts, rejections and releases."""
+@pytest.mark.parametrize("template", [TPL, {**TPL, "holdout": 3}, {**TPL, "holdout": 3, "holdout_grid": "compact"}],
+                         ids=["operators", "exact rows", "compact rows"])
+def test_new_streams_first_lines_are_decided_as_one_line_at_a_time_decides_them(tmp_path: Path, monkeypatch,
+                                                                                template: dict) -> None:
+    """Three daemons on one key file and one identity, the same hostile chunks (and a stream cap that the chunks
+    cross): one takes a new stream's line with the chunk's plain lines, its record made with the chunk's other new
+    streams' where they are holdout rows (``make_born``), one makes each record as its line is met, the third goes
+    line by line (``new_plain`` off). The same streams (in their order, with their identity), counts, rejections
+    and releases."""
     runs = []
-    for fast in (True, False):
-        d, text = _daemon(tmp_path, max_streams=40)
+    together = template["holdout"] == 3  # new streams are holdout rows (operators.columnar_holdout.born_in_rows)
+    for mode in ("together", "one by one", "line by line"):
+        d, text = _daemon(tmp_path, template, max_streams=40)
         d.identity = "0" * 32
-        if not fast:
-            monkeypatch.setattr(d, "new_plain", lambda parts, now: None)
+        made = []
+        if mode == "together":
+            assert d.born_together() == together
+            real = d.make_born
+            monkeypatch.setattr(d, "make_born", lambda names, real=real, made=made: made.append(names) or real(names))
+        elif mode == "one by one":  # each new stream's record made as its line is met (Daemon.new_plain)
+            monkeypatch.setattr(d, "born_together", lambda: False)
+        else:
+            monkeypatch.setattr(d, "new_plain", lambda parts, now, born: None)
         for chunk in _hostile_new_lines():
             d.on_lines(chunk)
-        runs.append((sorted(d.router.streams), dict(d.msg_counts), d.cap_readings, dict(d.router.counts),
-                     _releases(text)))
-    assert runs[0] == runs[1]
-    streams, counts, cap, _, releases = runs[0]
+        if mode == "together" and together:  # the new streams were made together, between the other lines
+            together_made = [name for names in made for name in names]  # all but those of lines on_line decides
+            assert together_made == [n for n in d.router.streams if n[0] == "s" or n == "café"]
+            assert max(map(len, made)) > 1
+        runs.append((list(d.router.streams), dict(d.msg_counts), d.cap_readings, dict(d.router.counts),
+                     _releases(text), d.router.in_holdout,
+                     [(r.name_json, r.phase, r.identity, r.ticks) for r in d.router.streams.values()]))
+    assert runs[0] == runs[1] == runs[2]
+    streams, counts, cap, _, releases, *_ = runs[0]
     assert "café" in streams and "m11" in streams and "m12" in streams  # a valid name, and names stripped of space
     assert not any(n in streams for n in ("a/b", "+", "x#", "m9", "m10", "m14", "n" * 129))
     assert len(streams) == 40 and cap > 0 and counts["invalid"] >= 24 and releases
 
+
+
+def test_new_streams_whose_making_raises_fail_their_lines_and_the_others_go_on(tmp_path: Path, monkeypatch) -> None:
+    """The attack (a bug injected where a chunk's new streams are made together): their lines are counted ``failed``,
+    as a line whose handling raises is, no such stream is left half made, the known streams' lines of the same chunk
+    are taken, and the next chunk's new streams are made."""
+    d, text = _daemon(tmp_path, {**TPL, "holdout": 3})
+    d.on_lines([b"k,1", b"k,2"])
+    real = d.make_born
+
+    def broken(names):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(d, "make_born", broken)
+    ok, failed = d.msg_counts["ok"], d.msg_counts["failed"]
+    d.on_lines([b"n1,1", b"k,3", b"n2,2", b"n1,3", b"k,4"])
+    assert d.msg_counts["failed"] - failed == 3 and d.msg_counts["ok"] - ok == 2
+    assert set(d.router.streams) == {"k"} and d.router.streams["k"].ticks == 4
+    monkeypatch.setattr(d, "make_born", real)
+    d.on_lines([b"n1,5", b"n1,6", b"n1,7", b"n1,8"])
+    assert d.router.streams["n1"].ticks == 4 and len(_releases(text)["n1"]) == 1

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import compress
+from json.encoder import encode_basestring_ascii  # json.dumps of a str, without its checks
 from typing import Any
 
 import numpy as np
@@ -197,6 +198,14 @@ class Router:
         store = self._holdout_store(cfg)
         return HoldoutRow(store, store.add_new(key))
 
+    def holdout_rows(self, cfg: ToPSConfig, keys: list[bytes]) -> list[HoldoutRow]:
+        """:meth:`holdout_row` of many new streams at once (their rows made together), in order."""
+        if self.holdouts is None or not born_in_rows(cfg):
+            msg = "only a configuration whose new streams are holdout rows, once the router uses columns"
+            raise ValueError(msg)
+        store = self._holdout_store(cfg)
+        return [HoldoutRow(store, r) for r in store.add_new_many(keys).tolist()]
+
     def release_row(self, cfg: ToPSConfig, key: bytes) -> RowOperator:
         """A new ToPS stream of ``cfg`` (a public theta: ``born_releasing(cfg)``) with ``key`` as the release row
         :meth:`record` would make of ``ToPS(cfg, key)``, after :meth:`use_columns`, without building that operator."""
@@ -230,6 +239,29 @@ class Router:
             self._adopt(rec)
         self.status_now.append(rec)
         return rec
+
+    def records_new(self, names: list[str], ops: list[Any], identity: str) -> list[StreamRecord]:
+        """The records :meth:`record` makes of new streams ``names`` (none known yet, distinct, within the cap) whose
+        operators, made together, are ``ops``: holdout rows (:meth:`holdout_rows`), in a router without periods (what
+        a chunk of stdin's new streams get). ``identity``: the one their keys derive from."""
+        streams, status_now = self.streams, self.status_now
+        if self.clock is not None or len(streams) + len(names) > self.max_streams \
+                or not all(type(op) is HoldoutRow for op in ops):
+            msg = "records_new takes new holdout rows within the stream cap, without periods"
+            raise ValueError(msg)
+        mono = time.monotonic()
+        seen = self.seen
+        out: list[StreamRecord] = []
+        for name, op in zip(names, ops, strict=True):
+            rec = StreamRecord(name=name, operator=op, name_json=encode_basestring_ascii(name), last_seen=mono,
+                               identity=identity)
+            streams[name] = rec
+            if seen is not None:
+                self._seen_now(rec)
+            out.append(rec)
+        self.in_holdout += len(out)
+        status_now += out
+        return out
 
     def add(self, rec: StreamRecord, value: float, ts: float | None, seq: int | None, now: float) -> str:
         """Accept one reading into its stream; returns the result label (ok, duplicate, late, invalid, failed)."""

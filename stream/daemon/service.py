@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from functools import partial
+from itertools import compress
 from pathlib import Path
 from typing import IO, Any
 
@@ -106,6 +107,8 @@ class Daemon:
         self.rejected = RateLimitedLog()
         self.msg_counts = dict.fromkeys(MESSAGE_RESULTS, 0)
         self._keyed: Callable[[bytes], Any] | None = None  # keyed_operator's maker, its settings read once
+        self._master: bytes | None = None  # the master key, where new streams are keyed operators (a secret)
+        self._born_rows: bool | None = None  # whether new streams are plain holdout rows (born_together)
         # stdin: the bytes of a ``stream,value`` line's name -> the name (checked once: on_lines' common line)
         self._csv_names: dict[bytes, str] = {}
         self._csv_names_max = max(1 << 16, 2 * cfg.streams.max_streams)
@@ -172,6 +175,7 @@ class Daemon:
                 prepare_selection(category.counter.fanout, category.counter.query_range)
             self.operator_factory = lambda name: self.keyed_operator(
                 derive_stream_key(master, name, identity=self.identity))
+            self._master = master
         clock = None
         if cfg.ticks.mode == "period":
             clock = PeriodClock(cfg.ticks.period, cfg.ticks.lateness if cfg.ticks.clock == "event" else 0.0)
@@ -487,13 +491,17 @@ class Daemon:
         # name again (the name's bytes as a line gives them, mapped to the name on_line checked), and of a new stream
         # (new_plain: its record made as on_line makes it); these lines are taken together (Router.add_plain), those
         # before any other line first, so that every stream keeps its order
-        recs: list[StreamRecord] = []
+        # (a new stream's record is made at the chunk's next call of add_plain, with the other new streams met since:
+        # ``born`` gives its index, which stands for its record in ``recs`` until then: born_together)
+        recs: list[StreamRecord | int] = []
         values: list[float] = []
+        born: dict[str, int] = {}
         new_plain = self.new_plain
         for line in lines:
             parts = line.split(b",")
             if len(parts) == 2 and len(line) <= limit:
-                if (name := names.get(parts[0])) is not None and (rec := streams.get(name)) is not None:
+                if (name := names.get(parts[0])) is not None and ((rec := streams.get(name)) is not None
+                                                                   or (rec := born.get(name)) is not None):
                     try:
                         value = float(parts[1])
                     except ValueError:
@@ -502,13 +510,13 @@ class Daemon:
                         recs.append(rec)
                         values.append(value)
                         continue
-                elif (got := new_plain(parts, now)) is not None:  # the first line of a new stream
+                elif (got := new_plain(parts, now, born)) is not None:  # the first line of a new stream
                     recs.append(got[0])
                     values.append(got[1])
                     continue
             if recs:
-                self.add_plain(recs, values, now)
-                recs, values = [], []
+                self.add_plain(recs, values, now, born)
+                recs, values, born = [], [], {}
             try:
                 self.on_line(line, now, limit, default)
             except OSError:
@@ -516,14 +524,16 @@ class Daemon:
             except Exception as exc:
                 self.message_failed(exc, "stdin line")
         if recs:
-            self.add_plain(recs, values, now)
+            self.add_plain(recs, values, now, born)
         self.safe_step()
 
-    def new_plain(self, parts: list[bytes], now: float) -> tuple[StreamRecord, float] | None:
+    def new_plain(self, parts: list[bytes], now: float,
+                  born: dict[str, int]) -> tuple[StreamRecord | int, float] | None:
         """The ``stream,value`` line (split at its comma) of a stream not yet known: its record, made as
-        :meth:`on_line` makes it, and its value, to be taken with the chunk's other plain lines; None for anything
-        else (an invalid name or value, space around the name, the stream cap): :meth:`on_line` then decides, and
-        counts, as for any line."""
+        :meth:`on_line` makes it (or, where new streams are born together, its index in ``born``, the chunk's new
+        streams so far: made by :meth:`add_plain`), and its value, to be taken with the chunk's other plain lines;
+        None for anything else (an invalid name or value, space around the name, the stream cap): :meth:`on_line`
+        then decides, and counts, as for any line."""
         raw = parts[0]
         first = raw[:1]
         if not first or first.isspace() or first in (b"{", b"[") or raw[-1:].isspace():
@@ -536,25 +546,64 @@ class Daemon:
         if not math.isfinite(value):
             return None
         router = self.router
-        if name not in router.streams and len(router.streams) >= router.max_streams:
-            return None
-        try:
-            rec = self.stream_record(name, now)
-        except OSError:  # the journal's disk: decided there
-            raise
-        except Exception:  # a stored stream that cannot be restored: on_line counts the line failed
-            return None
-        if rec is None:
-            return None
+        rec: StreamRecord | int | None = router.streams.get(name)
+        if rec is None and (rec := born.get(name)) is None:
+            if len(router.streams) + len(born) >= router.max_streams:
+                return None
+            if self.born_together():
+                rec = born[name] = len(born)
+            else:
+                try:
+                    rec = self.stream_record(name, now)
+                except OSError:  # the journal's disk: decided there
+                    raise
+                except Exception:  # a stored stream that cannot be restored: on_line counts the line failed
+                    return None
+                if rec is None:
+                    return None
         names = self._csv_names
         if len(names) >= self._csv_names_max:
             names.clear()
         names[raw] = name
         return rec, value
 
-    def add_plain(self, recs: list[StreamRecord], values: list[float], now: float) -> None:
-        """The ``stream,value`` lines of known streams (one reading each), routed together; a line is one message."""
+    def born_together(self) -> bool:
+        """Whether new streams are the plain holdout rows :meth:`keyed_operator` makes (a central ToPS template whose
+        new streams are holdout rows, no durable state, no periods): then a stdin chunk's new streams are made
+        together (:meth:`make_born`: their keys, rows and records), as one at a time they would be."""
+        ok = self._born_rows
+        if ok is None:
+            router = self.router
+            ok = self._born_rows = (self._master is not None and self.cfg.category is None
+                                    and self.cfg.streams.method == "tops" and router.holdouts is not None
+                                    and born_in_rows(self.cfg.template))
+        return ok and self.router.factory is self.operator_factory and self.router.clock is None
+
+    def make_born(self, names: list[str]) -> list[StreamRecord]:
+        """The records of new streams ``names`` (distinct, unknown, within the cap), made together: what
+        :meth:`stream_record` makes of each (``born_together``)."""
+        master, identity, router = self._master, self.identity, self.router
+        assert master is not None
+        keys = [derive_stream_key(master, name, identity=identity) for name in names]
+        return router.records_new(names, router.holdout_rows(self.cfg.template, keys), identity)
+
+    def add_plain(self, recs: list[StreamRecord | int], values: list[float], now: float,
+                  born: dict[str, int] | None = None) -> None:
+        """The ``stream,value`` lines of known streams (one reading each), routed together; a line is one message.
+        An int in ``recs``: the index of a new stream in ``born`` (:meth:`new_plain`), whose records are made first."""
         router, counts = self.router, self.msg_counts
+        if born:
+            try:
+                made = self.make_born(list(born))
+            except OSError:
+                raise
+            except Exception as exc:  # a bug: the lines of these new streams fail (as each would alone), no other
+                keep = [type(r) is not int for r in recs]
+                for _ in range(len(recs) - sum(keep)):
+                    self.message_failed(exc, "stdin line of a new stream")
+                recs, values = list(compress(recs, keep)), list(compress(values, keep))
+            else:
+                recs = [made[r] if type(r) is int else r for r in recs]  # type: ignore[index]
         try:
             left = router.add_plain(recs, values, now)
         except OSError:  # the journal's disk: what a full disk does is decided there
