@@ -160,6 +160,11 @@ class RowStore:
         self.key[r] = 0  # type: ignore[attr-defined]
         self._free.append(r)
 
+    def _give_back_many(self, rows: np.ndarray) -> None:
+        """:meth:`_give_back` of many rows, in their order (distinct rows in use)."""
+        self.key[rows] = 0  # type: ignore[attr-defined]
+        self._free += rows.tolist()
+
 
 class ColumnarRelease(RowStore):
     """Releasing ToPS streams as rows of arrays; :meth:`process` releases a batch of readings of any of them."""
@@ -246,12 +251,11 @@ class ColumnarRelease(RowStore):
         for theta in set(thetas):
             shared_laplace(cfg.epsilon / (cfg.height - s), theta)  # refuses the theta the walk would refuse
         w = cfg.fanout**s
-        rows = [self._new_row() for _ in thetas]
+        at, _ = self.new_rows(len(thetas))
         ci = self._config_index.get(cfg)
         if ci is None:
             ci = self._config_index[cfg] = len(self.configs)
             self.configs.append(cfg)
-        at = np.array(rows, dtype=np.int64)
         u0 = w * np.array(starts, dtype=np.float64)  # SmootherState.initial: u_0 = w * start, pred on the grid
         self.config[at] = ci
         self.key[at] = keys
@@ -267,7 +271,7 @@ class ColumnarRelease(RowStore):
         self.bound_units[at] = math.floor(cfg.span / cfg.resolution + 1e-9)
         self.resolution[at] = cfg.resolution
         self.head[at] = self.avail[at] = self.drawn[at] = 0
-        return rows
+        return at.tolist()
 
     def add_snapshot(self, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> int | None:
         """A stored releasing stream straight into a row: the row :meth:`add` makes of ``ToPS.restore(config, key,

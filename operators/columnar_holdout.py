@@ -237,6 +237,10 @@ class ColumnarHoldout(RowStore):
         """Free row ``r`` (its stream left memory, or took its operator back); its key is wiped."""
         self._give_back(r)
 
+    def release_many(self, rows: np.ndarray) -> None:
+        """:meth:`release` of many rows (distinct, in use), in their order."""
+        self._give_back_many(np.asarray(rows, dtype=np.int64))
+
     def left(self, r: int) -> int:
         """Readings row ``r`` still takes before its holdout ends."""
         return max(0, self.config.holdout_ticks - int(self.ticks[r]))
@@ -391,6 +395,10 @@ class ShortHoldout(RowStore):
     def release(self, r: int) -> None:
         """Free row ``r`` (its stream left memory, or took its operator back); its key is wiped."""
         self._give_back(r)
+
+    def release_many(self, rows: np.ndarray) -> None:
+        """:meth:`release` of many rows (distinct, in use), in their order."""
+        self._give_back_many(np.asarray(rows, dtype=np.int64))
 
     def left(self, r: int) -> int:
         """Readings row ``r`` still takes before its holdout ends."""

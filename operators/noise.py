@@ -641,22 +641,33 @@ def _stacked_key_words(gens: Sequence[KeyedGenerator] | KeyRows) -> np.ndarray:
 
 
 def discrete_laplace_one_many(gens: Sequence[KeyedGenerator] | KeyRows, domain: int, address: int, index: int,
-                              noises: list[DiscreteLaplace]) -> list[int]:
+                              noises: list[DiscreteLaplace], which: np.ndarray | None = None) -> list[int]:
     """``gens[i].discrete_laplace_one(domain, address, index, noises[i])`` for every i, the same values: in one
     compiled call once the kernels are loaded (many streams ending their holdout in one step draw one each); a sample
-    whose 512 bits run out goes through the general path, as there."""
-    if not gens:
+    whose 512 bits run out goes through the general path, as there. With ``which``, ``noises`` are the distinct
+    noises and generator ``i`` draws ``noises[which[i]]`` (many streams share a few)."""
+    if not len(gens):
         return []
+    if which is None:
+        which = np.arange(len(noises))
+    elif len(which) != len(gens):
+        msg = "one noise for each generator"
+        raise ValueError(msg)
     if _kernel_state["one"] is None or not (0 <= index < _MAX_BLOCKS and 0 <= domain < _OVERFLOW_DOMAIN
                                             and 0 <= address < 1 << 64):
-        return [g.discrete_laplace_one(domain, address, index, dl) for g, dl in zip(gens, noises, strict=True)]
+        return [g.discrete_laplace_one(domain, address, index, noises[w])
+                for g, w in zip(gens, which.tolist(), strict=True)]
     from operators._dlap_kernel import sample_one_many
 
     keys = _stacked_key_words(gens)
-    params = np.array([(dl.log2_t, dl.s, dl.q, dl.r) for dl in noises], dtype=np.int64).reshape(-1, 4)
+    table = np.array([(dl.log2_t, dl.s, dl.q, dl.r) for dl in noises], dtype=np.int64).reshape(-1, 4)
+    params = table[which]
+    if len(params) != len(keys):
+        msg = "one noise for each generator"
+        raise ValueError(msg)
     out, ok = sample_one_many(keys, int(index), int(domain), int(address) & 0xFFFFFFFF, int(address) >> 32,
                               params[:, 0], params[:, 1], params[:, 2], params[:, 3])
     values = out.tolist()
     for i in np.flatnonzero(~ok).tolist():
-        values[i] = int(gens[i].discrete_laplace(domain, address, index, 1, noises[i])[0])
+        values[i] = int(gens[i].discrete_laplace(domain, address, index, 1, noises[int(which[i])])[0])
     return values

@@ -790,23 +790,26 @@ def _choose_small(
         picks[i] = _drawn_pick(cells, base, gens[i], eps_t, kernels, _KERNEL_WORDS[1:])
         totals[i] = int(np.dot(cells.count, np.minimum(points[cells.index], points[picks[i]])))
     thetas = candidates[picks].tolist()
-    noise_at: dict[int, DiscreteLaplace | None] = {}  # step 6's noise per theta (a handful of distinct thetas)
-    for theta in thetas:
-        if theta not in noise_at:
-            noise_at[theta] = _dlap_noise(eps_s, theta)
-    noises = [noise_at[theta] for theta in thetas]  # step 6: the start's draw (address 3)
+    # step 6: the start's draw (address 3), at a noise per theta (a handful of distinct thetas)
+    distinct, which = np.unique(picks, return_inverse=True)
+    noise_at = [_dlap_noise(eps_s, theta) for theta in candidates[distinct].tolist()]
+    if all(dl is not None for dl in noise_at):  # the start of each: clip((total + noise) / m, 0, theta)
+        got = np.array(discrete_laplace_one_many(gens, int(Domain.THRESHOLD), 3, 0, noise_at,  # type: ignore[arg-type]
+                                                 which.reshape(-1)), dtype=np.int64)
+        sums = totals.astype(np.int64) + got
+        if np.abs(sums).max(initial=0) < 2**53:  # exact as floats: the division is Python's, correctly rounded
+            starts = np.minimum(np.maximum(sums / m, 0.0), candidates[picks].astype(np.float64))
+            return thetas, s, starts.tolist()
+    noises = [noise_at[w] for w in which.reshape(-1).tolist()]
     drawn = [i for i, dl in enumerate(noises) if dl is not None]
-    if len(drawn) == n:
-        got = discrete_laplace_one_many(gens, int(Domain.THRESHOLD), 3, 0, noises)  # type: ignore[arg-type]
-    else:
-        got = discrete_laplace_one_many([gens[i] for i in drawn], int(Domain.THRESHOLD), 3, 0,
-                                        [noises[i] for i in drawn])  # type: ignore[misc]
-    noise_of: dict[int, int] = dict(zip(drawn, got, strict=True))
-    starts = []
+    got_of = discrete_laplace_one_many([gens[i] for i in drawn], int(Domain.THRESHOLD), 3, 0,
+                                       [noises[i] for i in drawn])  # type: ignore[misc]
+    noise_of: dict[int, int] = dict(zip(drawn, got_of, strict=True))
+    out = []
     for i, (theta, total) in enumerate(zip(thetas, totals.tolist(), strict=True)):
         noise = noise_of.get(i)
-        starts.append(theta / 2.0 if noise is None else min(max((round(total) + noise) / m, 0.0), float(theta)))
-    return thetas, s, starts
+        out.append(theta / 2.0 if noise is None else min(max((round(total) + noise) / m, 0.0), float(theta)))
+    return thetas, s, out
 
 
 _SMALL_MANY_READY = False

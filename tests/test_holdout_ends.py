@@ -157,6 +157,20 @@ def test_the_batched_draws_are_each_streams_own() -> None:
     assert many == [g.discrete_laplace_one(1, 3, 0, dl) for g, dl in zip(gens, noises, strict=True)]
     assert discrete_laplace_one_many(rows, 1, 3, 0, noises) == many
     assert len(set(many)) > 30
+    # a few distinct noises shared by many streams (``which``: each stream's): the same draws as each given its own
+    distinct = noises[:3]
+    which = rng.integers(0, 3, 40)
+    assert discrete_laplace_one_many(rows, 1, 3, 0, distinct, which) == [
+        g.discrete_laplace_one(1, 3, 0, distinct[w]) for g, w in zip(gens, which.tolist(), strict=True)]
+    with pytest.raises(ValueError, match="one noise for each"):
+        discrete_laplace_one_many(rows, 1, 3, 0, distinct, which[:-1])
+    compiled = noise._kernel_state["one"]
+    try:  # without the compiled kernels: the same draws one by one
+        noise._kernel_state["one"] = None
+        assert discrete_laplace_one_many(rows, 1, 3, 0, distinct, which) == [
+            g.discrete_laplace_one(1, 3, 0, distinct[w]) for g, w in zip(gens, which.tolist(), strict=True)]
+    finally:
+        noise._kernel_state["one"] = compiled
 
 
 @pytest.mark.parametrize("step", [1, 40, 5000])

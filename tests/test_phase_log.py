@@ -36,6 +36,32 @@ def test_a_burst_of_phase_changes_is_named_then_counted(caplog: pytest.LogCaptur
     assert lines[4] == "stream 'late': failed"
 
 
+
+@pytest.mark.parametrize("first", [0, 2, 5])
+def test_a_steps_phase_changes_noted_together_are_noted_as_one_by_one(caplog: pytest.LogCaptureFixture,
+                                                                      first: int) -> None:
+    """``note_many`` (a processing step's changes) logs and counts what :meth:`PhaseLog.note` does change by change,
+    whether the burst is untouched, partly used or used up by the changes before."""
+    runs = []
+    for together in (True, False):
+        caplog.clear()
+        pl = PhaseLog(burst=3, window=10.0, clock=lambda: 0.0)
+        with caplog.at_level(logging.INFO, logger="tops"):
+            for i in range(first):
+                pl.note(f"early{i}", "holdout")
+            changes = [(f"m{i}", ["holdout", "releasing", "failed"][i % 3]) for i in range(40)]
+            if together:
+                pl.note_many(changes)
+                pl.note_many([])
+            else:
+                for name, phase in changes:
+                    pl.note(name, phase)
+            pl.roll(final=True)
+        runs.append([r.getMessage() for r in caplog.records])
+    assert runs[0] == runs[1]
+    assert len(runs[0]) == 4 and runs[0][-1].startswith(f"{40 + first - 3} more streams changed phase")
+
+
 def test_a_fleet_starting_logs_a_bounded_number_of_lines(tmp_path: Path) -> None:
     """The attack: 2,000 new streams through their holdout on stdin. Before, 4,000 lines (one per stream and phase);
     now at most the burst named plus the counts, and the counts add up to every change."""

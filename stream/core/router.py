@@ -734,8 +734,8 @@ class Router:
                     rec.operator = op = store.take(rec.operator.row)
                     back.append((rec, op))
                 continue
+            store.release_many(rows)
             for rec, r in zip(group, made, strict=True):
-                store.release(rec.operator.row)
                 rec.operator = RowOperator(pool, r)  # type: ignore[arg-type]
                 self._started(rec)
         return back

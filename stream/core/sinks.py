@@ -13,7 +13,7 @@ from operators.columnar import RowOperator
 from operators.tops import ToPS
 from stream.core.router import ReleaseBatch, StreamRecord
 
-__all__ = ["PublishQueue", "StdoutSink", "encode_releases", "encode_status"]
+__all__ = ["PublishQueue", "StdoutSink", "encode_all", "encode_releases", "encode_status"]
 
 
 def encode_releases(batch: ReleaseBatch, epsilon: float, reprs: dict[float, str] | None = None) -> list[str]:
@@ -64,6 +64,33 @@ def encode_releases(batch: ReleaseBatch, epsilon: float, reprs: dict[float, str]
         return [f'{head}{t}{mid}{v!r}{tail}' for t, v in zip(batch.ticks, batch.values, strict=True)]
     return [f'{head}{t},"ts":{ts!r},"value":{v!r}{tail}' for t, ts, v in zip(batch.ticks, batch.ts, batch.values,
                                                                            strict=True)]
+
+
+def encode_all(batches: list[ReleaseBatch], epsilon: float) -> list[str]:
+    """The lines of every batch, in order: what :func:`encode_releases` gives batch by batch (one processing step's
+    batches: one time, one epsilon), without a call per batch for the common one, a stream's one release."""
+    reprs: dict[float, str] = {}
+    e_text = reprs[float(epsilon)] = repr(float(epsilon))
+    out: list[str] = []
+    t_last: float | None = None
+    th_last: float | None = None
+    t_text = th_text = ""
+    for b in batches:
+        values, ts = b.values, b.ts
+        if len(values) == 1 == len(ts) == len(b.ticks) and type(values[0]) is float and type(b.theta) is float \
+                and ts[0] != 0.0:
+            t, theta = ts[0], b.theta
+            if t != t_last:  # equal floats other than +-0 have one repr (a time is never 0.0)
+                t_text = reprs.get(t) or reprs.setdefault(t, repr(t))
+                t_last = t
+            if theta != th_last:  # a theta is a float above 0
+                th_text = reprs.get(theta) or reprs.setdefault(theta, repr(theta))
+                th_last = theta
+            out.append(f'{{"stream":{b.record.name_json},"tick":{b.ticks[0]},"ts":{t_text},"value":{values[0]!r},'
+                       f'"epsilon":{e_text},"theta":{th_text}}}')
+        else:
+            out += encode_releases(b, epsilon, reprs)
+    return out
 
 
 def encode_status(rec: StreamRecord) -> bytes:

@@ -31,6 +31,15 @@ class PhaseLog:
         else:
             self.quiet[phase] = self.quiet.get(phase, 0) + 1
 
+    def note_many(self, changes: list[tuple[str, str]]) -> None:
+        """:meth:`note` of each ``(name, phase)``, in order."""
+        room = max(0, self.burst - self.logged)
+        for name, phase in changes[:room]:
+            self.note(name, phase)
+        quiet = self.quiet
+        for phase in [phase for _, phase in changes[room:]]:
+            quiet[phase] = quiet.get(phase, 0) + 1
+
     def roll(self, *, final: bool = False) -> None:
         """End the window when it is over (``final``: now): the count of the streams not named, by phase."""
         now = self.clock()

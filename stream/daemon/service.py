@@ -45,7 +45,7 @@ from stream.core.keys import KeyFileError, derive_stream_key, load_master_key, n
 from stream.core.metrics import MESSAGE_RESULTS, Metrics
 from stream.core.payload import check_stream_name, decode_line, decode_payload_columns, decode_reports
 from stream.core.router import ReleaseBatch, Router, StreamRecord
-from stream.core.sinks import PublishQueue, StdoutSink, encode_releases, encode_status
+from stream.core.sinks import PublishQueue, StdoutSink, encode_all, encode_releases, encode_status
 from stream.core.ticking import PeriodClock
 from stream.daemon.durability import Durability
 from stream.daemon.heap import Heap
@@ -708,7 +708,12 @@ class Daemon:
         stdout, pubq = self.stdout, self.pubq if self.mqtt_out else None
         retain, as_array = self.cfg.output.retain, self.cfg.output.batch
         topic_of = self.output_topic
-        out: list[str] = []  # every batch's lines, one write (a write per stream cost 22 us a new stream)
+        if pubq is None:  # every batch's lines, one write (a write per stream cost 22 us a new stream)
+            if stdout is not None and batches:
+                self.stdout_written += stdout.write(encode_all(batches, eps))
+                stdout.flush()
+            batches = []
+        out: list[str] = []
         reprs: dict[float, str] = {}  # the step's times and epsilon, formatted once
         for b in batches:
             lines = encode_releases(b, eps, reprs)
@@ -724,12 +729,16 @@ class Daemon:
         if stdout is not None and batches:
             self.stdout_written += stdout.write(out)
             stdout.flush()
-        if self.router.status_now:
-            note = self.phase_log.note
-            for rec in self.router.status_now:
-                note(rec.name, rec.phase)
-                self.publish_status(rec)
-            self.router.status_now.clear()
+        status = self.router.status_now
+        if status:
+            self.phase_log.note_many([(rec.name, rec.phase) for rec in status])
+            if self.pubq is None:  # nothing to publish (publish_status): only due no more
+                for rec in status:
+                    rec.status_due = False
+            else:
+                for rec in status:
+                    self.publish_status(rec)
+            status.clear()
 
     def publish_status(self, rec: StreamRecord) -> None:
         rec.status_due = False
