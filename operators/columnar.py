@@ -142,11 +142,11 @@ class RowStore:
 
     def write_keys(self, rows: np.ndarray, keys: list[bytes]) -> None:
         """:meth:`write_key` of many rows: ``keys[i]`` (32 bytes each, checked) into row ``rows[i]``."""
-        flat = b"".join(keys)
-        if len(flat) != _KEY_BYTES * len(keys) or any(len(k) != _KEY_BYTES for k in keys):
+        if any(len(k) != _KEY_BYTES for k in keys):
             msg = f"a stream key is {_KEY_BYTES} bytes"
             raise ValueError(msg)
-        self.key[rows] = np.frombuffer(flat, dtype=np.uint8).reshape(len(keys), _KEY_BYTES)  # type: ignore[attr-defined]
+        flat = np.frombuffer(b"".join(keys), dtype=np.uint8)
+        self.key[rows] = flat.reshape(len(keys), _KEY_BYTES)  # type: ignore[attr-defined]
 
     def write_key(self, r: int, key: bytes) -> None:
         """Row ``r``'s key (32 bytes), written through a flat view of the key column's bytes: a fifth of the cost of

@@ -662,9 +662,6 @@ def discrete_laplace_one_many(gens: Sequence[KeyedGenerator] | KeyRows, domain: 
     keys = _stacked_key_words(gens)
     table = np.array([(dl.log2_t, dl.s, dl.q, dl.r) for dl in noises], dtype=np.int64).reshape(-1, 4)
     params = table[which]
-    if len(params) != len(keys):
-        msg = "one noise for each generator"
-        raise ValueError(msg)
     out, ok = sample_one_many(keys, int(index), int(domain), int(address) & 0xFFFFFFFF, int(address) >> 32,
                               params[:, 0], params[:, 1], params[:, 2], params[:, 3])
     values = out.tolist()

@@ -789,7 +789,8 @@ def _choose_small(
         cells = Cells(index[lo:hi], count[lo:hi], len(candidates) + 1, int(count[lo:hi].sum()))
         picks[i] = _drawn_pick(cells, base, gens[i], eps_t, kernels, _KERNEL_WORDS[1:])
         totals[i] = int(np.dot(cells.count, np.minimum(points[cells.index], points[picks[i]])))
-    thetas = candidates[picks].tolist()
+    chosen = candidates[picks]
+    thetas = chosen.tolist()
     # step 6: the start's draw (address 3), at a noise per theta (a handful of distinct thetas)
     distinct, which = np.unique(picks, return_inverse=True)
     noise_at = [_dlap_noise(eps_s, theta) for theta in candidates[distinct].tolist()]
@@ -798,7 +799,7 @@ def _choose_small(
                                                  which.reshape(-1)), dtype=np.int64)
         sums = totals.astype(np.int64) + got
         if np.abs(sums).max(initial=0) < 2**53:  # exact as floats: the division is Python's, correctly rounded
-            starts = np.minimum(np.maximum(sums / m, 0.0), candidates[picks].astype(np.float64))
+            starts = np.minimum(np.maximum(sums / m, 0.0), chosen.astype(np.float64))
             return thetas, s, starts.tolist()
     noises = [noise_at[w] for w in which.reshape(-1).tolist()]
     drawn = [i for i, dl in enumerate(noises) if dl is not None]

@@ -12,7 +12,6 @@ readings (result ``failed``) until the daemon restarts, and the other streams go
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -224,7 +223,7 @@ class Router:
             msg = f"stream cap of {self.max_streams} reached"
             raise StreamCapError(msg)
         op = self.factory(name)
-        rec = StreamRecord(name=name, operator=op, name_json=json.dumps(name), phase=op.phase,
+        rec = StreamRecord(name=name, operator=op, name_json=encode_basestring_ascii(name), phase=op.phase,
                            last_seen=time.monotonic())
         if self.clock is not None:
             first = self.clock.last_closable(time.time() if now is None else now) + 1

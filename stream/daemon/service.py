@@ -108,7 +108,7 @@ class Daemon:
         self.msg_counts = dict.fromkeys(MESSAGE_RESULTS, 0)
         self._keyed: Callable[[bytes], Any] | None = None  # keyed_operator's maker, its settings read once
         self._master: bytes | None = None  # the master key, where new streams are keyed operators (a secret)
-        self._born_rows: bool | None = None  # whether new streams are plain holdout rows (born_together)
+        self._born_rows = False  # whether keyed_operator makes plain holdout rows (_keyed_maker; born_together)
         # stdin: the bytes of a ``stream,value`` line's name -> the name (checked once: on_lines' common line)
         self._csv_names: dict[bytes, str] = {}
         self._csv_names_max = max(1 << 16, 2 * cfg.streams.max_streams)
@@ -239,20 +239,28 @@ class Daemon:
     def keyed_operator(self, key: bytes) -> Any:
         """The operator of a central stream with its key: the categorical release, ToPS or a baseline."""
         make = self._keyed
-        if make is None:  # the settings read once (a configuration section's attribute costs about a microsecond)
-            category, template, method = self.cfg.category, self.cfg.template, self.cfg.streams.method
-            if category is not None:
-                make = self._keyed = lambda key: histogram_operator(category, key)
-            elif method == "tops" and self.router.holdouts is not None and born_in_rows(template):
-                # a new stream is the holdout row its ToPS would become, made without that ToPS (about 10 us a new
-                # stream, most of it the collector's share of the objects made and dropped)
-                make = self._keyed = partial(self.router.holdout_row, template)
-            elif method == "tops" and self.router.pool is not None and born_releasing(template):
-                # a public theta: a new stream is the release row its ToPS would become, made without that ToPS
-                make = self._keyed = partial(self.router.release_row, template)
-            else:
-                make = self._keyed = lambda key: build_operator(template, method, key)
+        if make is None:
+            make = self._keyed_maker()
         return make(key)
+
+    def _keyed_maker(self) -> Callable[[bytes], Any]:
+        """What :meth:`keyed_operator` makes of a key, decided once (a configuration section's attribute costs about
+        a microsecond); ``_born_rows`` says whether it is a plain holdout row (:meth:`born_together`)."""
+        category, template, method = self.cfg.category, self.cfg.template, self.cfg.streams.method
+        self._born_rows = False
+        if category is not None:
+            make = self._keyed = lambda key: histogram_operator(category, key)
+        elif method == "tops" and self.router.holdouts is not None and born_in_rows(template):
+            # a new stream is the holdout row its ToPS would become, made without that ToPS (about 10 us a new
+            # stream, most of it the collector's share of the objects made and dropped)
+            make = self._keyed = partial(self.router.holdout_row, template)
+            self._born_rows = True
+        elif method == "tops" and self.router.pool is not None and born_releasing(template):
+            # a public theta: a new stream is the release row its ToPS would become, made without that ToPS
+            make = self._keyed = partial(self.router.release_row, template)
+        else:
+            make = self._keyed = lambda key: build_operator(template, method, key)
+        return make
 
     def announce_identity(self) -> None:
         """One line on stderr with the identity the stream keys derive from (also in every status message)."""
@@ -568,16 +576,16 @@ class Daemon:
         return rec, value
 
     def born_together(self) -> bool:
-        """Whether new streams are the plain holdout rows :meth:`keyed_operator` makes (a central ToPS template whose
-        new streams are holdout rows, no durable state, no periods): then a stdin chunk's new streams are made
-        together (:meth:`make_born`: their keys, rows and records), as one at a time they would be."""
-        ok = self._born_rows
-        if ok is None:
-            router = self.router
-            ok = self._born_rows = (self._master is not None and self.cfg.category is None
-                                    and self.cfg.streams.method == "tops" and router.holdouts is not None
-                                    and born_in_rows(self.cfg.template))
-        return ok and self.router.factory is self.operator_factory and self.router.clock is None
+        """Whether new streams are the plain holdout rows :meth:`keyed_operator` makes (its own decision, with the
+        daemon's keyed factory as the router's: no durable state, no factory given; and no periods): then a stdin
+        chunk's new streams are made together (:meth:`make_born`: their keys, rows and records), as one at a time
+        they would be."""
+        router = self.router
+        if self._master is None or router.factory is not self.operator_factory or router.clock is not None:
+            return False
+        if self._keyed is None:
+            self._keyed_maker()
+        return self._born_rows
 
     def make_born(self, names: list[str]) -> list[StreamRecord]:
         """The records of new streams ``names`` (distinct, unknown, within the cap), made together: what
