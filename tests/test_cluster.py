@@ -49,12 +49,14 @@ def test_the_shipped_worker_configuration_is_valid() -> None:
     assert cfg.input.source == "nats" and cfg.nats.partitions == 64
 
 
-def worker_config(tmp: Path, cluster: NatsCluster, name: str, metrics_port: int = 0) -> Path:
+def worker_config(tmp: Path, cluster: NatsCluster, name: str, metrics_port: int = 0, key_file: str = "master.key",
+                  partitions: int | None = None) -> Path:
     return write_toml(tmp / f"{name}.toml", {
         "input": {"source": "nats"},
-        "nats": {"servers": cluster.servers, "partitions": cluster.partitions, "worker": name, "lease_ttl": 5.0,
+        "nats": {"servers": cluster.servers, "partitions": partitions or cluster.partitions, "worker": name,
+                 "lease_ttl": 5.0,
                  "checkpoint_interval": 0.3, "fetch_batch": 200},
-        "streams": {"key_file": str(tmp / "master.key"), "template": dict(TEMPLATE)},
+        "streams": {"key_file": str(tmp / key_file), "template": dict(TEMPLATE)},
         "metrics": {"port": metrics_port},
     })
 
@@ -648,3 +650,184 @@ def test_a_consumer_creation_that_outlasts_a_lease_stops_no_partition_held(nats_
         op = build_operator(cfg.template, "tops", derive_stream_key(master, name, identity=identity))
         want = {t: float(v) for t, v in enumerate(op.process(values)) if not np.isnan(v)}
         assert {t: vals for (s, t), vals in got.items() if s == name} == {t: {v} for t, v in want.items()}, name
+
+
+def _key_file(path: Path) -> str:
+    """A fresh master key file (mode 0600); returns its 64 hex digits (to check that no output shows them)."""
+    text = os.urandom(32).hex()
+    path.write_text(text + "\n")
+    path.chmod(0o600)
+    return text
+
+
+async def _publish_readings(servers: list[str], stream: str, values: np.ndarray, first: int) -> None:
+    """Readings ``first..`` of ``stream`` on partition 0 of the input (one-partition workers), each acknowledged by
+    JetStream."""
+    import nats
+
+    nc = await nats.connect(servers=servers)
+    js = nc.jetstream(timeout=5.0)
+    for i, v in enumerate(values, start=first):
+        await js.publish(f"tops.in.0.{stream}", f"{v:g}".encode(), headers={"Nats-Msg-Id": f"{stream}:{i}"})
+    await nc.close()
+
+
+@pytest.mark.network
+def test_a_worker_with_another_master_key_is_refused_and_the_stream_stays_under_one_key(
+        nats_cluster: NatsCluster, tmp_path: Path) -> None:
+    """The attack: worker A (master key k1) handles readings 0..199 of a stream and stops; worker B, the same
+    configuration but another key file (k2), joins the same cluster while readings 200..255 wait. B must not noise
+    them under k2: it stops at the start with one line (exit 2, no key material), takes no partition and releases
+    nothing; `tops cluster` says which configuration's key is the cluster's. A later worker with k1 continues the
+    stream: every tick once, equal to `tops replay` with k1."""
+    k1 = _key_file(tmp_path / "master.key")
+    k2 = _key_file(tmp_path / "other.key")
+    values = np.random.default_rng(17).integers(0, 120, 256).astype(float)
+    servers = nats_cluster.servers
+    holdout = int(TEMPLATE["holdout"])
+
+    def ticks_out() -> dict[int, set[float]]:
+        return {t: v for (s, t), v in asyncio.run(_releases(servers)).items() if s == "x"}
+
+    a = Worker(worker_config(tmp_path, nats_cluster, "a", partitions=1), tmp_path, "a")
+    workers = [a]
+    try:
+        wait_for(lambda: "cluster identity" in a.log(), 60, interval=0.2, what="worker A joined")
+        asyncio.run(_publish_readings(servers, "x", values[:200], 0))
+        wait_for(lambda: len(ticks_out()) == 200 - holdout, 60, interval=0.5, what="A's releases of ticks 50..199")
+        assert a.stop() == 0, a.log()[-3000:]
+        asyncio.run(_publish_readings(servers, "x", values[200:], 200))
+        b = Worker(worker_config(tmp_path, nats_cluster, "b", key_file="other.key", partitions=1), tmp_path, "b")
+        workers.append(b)
+        # today's B takes the partition and releases ticks 200..255 under k2: wait for its end or for those
+        wait_for(lambda: b.proc.poll() is not None or len(ticks_out()) == 256 - holdout, 60, interval=0.5,
+                 what="worker B refused or releasing")
+        b_code, b_log, after_b = b.stop(), b.log(), ticks_out()
+        assert max(after_b) == 199, f"worker B released ticks {min(set(after_b) - set(range(200)))}.. under k2"
+        assert b_code == 2, b_log[-3000:]
+        refusal = [line for line in b_log.splitlines() if line.startswith("tops run:")]
+        assert len(refusal) == 1 and "another master key" in refusal[0], b_log[-3000:]
+        assert "taken" not in b_log, b_log[-3000:]
+        for name, verdict in (("b", "differs"), ("a", "matches")):  # `tops cluster` compares a configuration's key
+            r = subprocess.run([sys.executable, "-m", "stream.cli", "cluster", "--config",
+                                str(tmp_path / f"{name}.toml"), "--json"], cwd=ROOT, capture_output=True, timeout=60,
+                               check=False)
+            assert r.returncode == 0 and json.loads(r.stdout)["key"] == verdict, r.stderr.decode()
+        c = Worker(worker_config(tmp_path, nats_cluster, "c", partitions=1), tmp_path, "c")
+        workers.append(c)
+        wait_for(lambda: len(ticks_out()) == 256 - holdout, 60, interval=0.5, what="C's releases of ticks 200..255")
+        assert c.stop() == 0, c.log()[-3000:]
+    finally:
+        for w in workers:
+            w.kill()
+    for w in workers:
+        text = w.log()
+        assert k1 not in text and k2 not in text and "Traceback" not in text, text[-3000:]
+    master = load_master_key(tmp_path / "master.key")
+    op = build_operator(load_config(tmp_path / "a.toml").template, "tops",
+                        derive_stream_key(master, "x", identity=asyncio.run(_identity(servers))))
+    want = {t: {float(x)} for t, x in enumerate(op.process(values)) if not np.isnan(x)}
+    assert ticks_out() == want, "the stream's ticks differ from the replay with k1"
+
+
+@pytest.mark.network
+def test_two_workers_with_different_keys_starting_together_on_an_empty_cluster_leave_one_key(
+        nats_cluster: NatsCluster, tmp_path: Path) -> None:
+    """The race: two workers with different master keys join an empty cluster at the same moment (each on its own
+    connection; the buckets are there, empty). Whatever the interleaving, the cluster's key check is created once
+    (compare-and-set), so exactly one of them is refused and the survivor's key is the cluster's. Twelve empty
+    clusters (bucket prefixes)."""
+    import nats
+
+    from stream.cluster.jetstream import ensure
+    from stream.cluster.worker import ClusterWorker, WorkerError
+
+    _key_file(tmp_path / "master.key")
+    _key_file(tmp_path / "other.key")
+    cfg = load_config(worker_config(tmp_path, nats_cluster, "a"))
+    cfg.nats.values["partitions"] = 1
+    cfg.nats.values["replicas"] = 1  # each round's buckets: made in milliseconds, not a raft group's election
+    keys = [load_master_key(tmp_path / "master.key"), load_master_key(tmp_path / "other.key")]
+
+    async def scenario() -> list[list[str]]:
+        outcomes: list[list[str]] = []
+        for r in range(12):
+            cfg.nats.values["bucket_prefix"] = f"race{r}"
+            pair = [ClusterWorker(cfg, k, name=f"w{i}") for i, k in enumerate(keys)]
+            for w in pair:
+                w.nc = await nats.connect(servers=nats_cluster.servers)
+                w.js = w.nc.jetstream(timeout=5.0)
+            await ensure(pair[0].js, pair[0].names)  # empty buckets (made together, they take election rounds)
+            done = await asyncio.gather(*(w._join() for w in pair), return_exceptions=True)
+            outcomes.append(["refused" if isinstance(x, WorkerError) else "joined" if x is True else repr(x)
+                             for x in done])
+            stored = (await pair[0].kv["meta"].get("key_check")).value.decode()
+            outcomes[-1] += [f"{w.name}'s key" for w, x in zip(pair, done, strict=True) if x is True and
+                             stored == w.key_check]
+            for w in pair:
+                await w.nc.close()
+        return outcomes
+
+    outcomes = asyncio.run(scenario())
+    assert all(o in (["joined", "refused", "w0's key"], ["refused", "joined", "w1's key"]) for o in outcomes), outcomes
+
+
+@pytest.mark.network
+def test_a_stream_state_made_under_another_key_or_identity_is_refused_when_loaded(nats_cluster: NatsCluster,
+                                                                                   tmp_path: Path) -> None:
+    """The attack past the start's check: the cluster's meta bucket (its identity and key check) is lost while the
+    streams' states remain. A worker that starts then makes a new identity and a new key check that agree with each
+    other, so only the stream's own state can say it was noised under other keys (here the same key file under the
+    lost identity: its stream keys are gone). Loading it, the worker must refuse: it processes no reading of the
+    stream, releases nothing, writes no state, hands its partition back and ends with one line."""
+    from nats.js.errors import KeyDeletedError, KeyNotFoundError
+
+    from stream.cluster.jetstream import state_key
+    from stream.cluster.worker import ClusterWorker, WorkerError
+
+    cfg, master = _one_partition(tmp_path, nats_cluster)
+    values = np.random.default_rng(9).integers(0, 120, 160).astype(float)
+
+    async def feed(js: Any, first: int, last: int) -> None:
+        for i in range(first, last):
+            await js.publish(f"{cfg.nats.input_subject}.0.x", f"{values[i]:g}".encode(),
+                             headers={"Nats-Msg-Id": f"x:{i}"})
+
+    async def scenario() -> tuple[str, int, int, bytes, bytes, bool]:
+        a = await _joined(cfg, master, nats_cluster)
+        await a._acquire(0)
+        await feed(a.js, 0, 120)
+        renewed = time.monotonic()
+        while a.owned[0].applied < 120:
+            await a._step()
+            renewed = await a._maintain(renewed)  # its lease renewed (a loaded machine takes seconds here)
+        await a._drop(a.owned[0], hand_back=True)  # state and floor written, lease given back
+        stored = (await a.kv["state"].get(state_key("x"))).value
+        await a.js.delete_key_value(a.names.meta)  # the identity and the key check are lost
+        out_before = (await a.js.stream_info("TOPS_OUT")).state.messages
+        await feed(a.js, 120, 160)
+        b = ClusterWorker(cfg, master, name="b")
+        why = ""
+        try:
+            await asyncio.wait_for(b.serve(), 30)
+        except WorkerError as exc:
+            why = str(exc)
+        except TimeoutError:
+            why = "not refused"
+        out_after = (await a.js.stream_info("TOPS_OUT")).state.messages
+        after = (await a.kv["state"].get(state_key("x"))).value
+        try:
+            await a.kv["leases"].get("p.0")
+            free = False
+        except (KeyNotFoundError, KeyDeletedError):
+            free = True
+        await a.nc.close()
+        if b.nc is not None and not b.nc.is_closed:
+            await b.nc.close()
+        return why, out_before, out_after, stored, after, free
+
+    why, out_before, out_after, stored, after, free = asyncio.run(scenario())
+    assert "another master key" in why, why
+    assert out_after == out_before, f"{out_after - out_before} releases under the new identity"
+    assert after == stored, "the stream's state was written again"
+    assert free, "the refused worker kept the partition's lease"

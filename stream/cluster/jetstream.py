@@ -4,8 +4,21 @@ Created by the first worker if missing (replicated ``[nats] replicas`` times): t
 ``<input_subject>.>`` (the servers' subject mapping puts ``meters.<stream>.reading`` on
 ``<input_subject>.<partition>.<stream>``), the output stream ``<output_subject>.>`` with a duplicate window
 (releases carry the message id ``<stream>:<tick>``), and four buckets: leases and workers (keys live ``lease_ttl``
-seconds), state (every stream's checkpoint and every partition's floor) and meta (the cluster's identity and its
-streams' privacy parameters).
+seconds), state (every stream's checkpoint and every partition's floor) and meta (the cluster's identity, its key
+check and its streams' privacy parameters).
+
+The key check (:func:`key_check`) is a one-way tag of the master key and the cluster's identity: the first worker
+creates it in the meta bucket (compare-and-set: of two workers starting together, one creates it and the other
+compares), every worker compares its own with it before it takes a partition, and every stream state a worker
+writes carries it, so a state is compared again each time it is loaded. It reveals nothing of the key, and it differs
+from cluster to cluster even under one key file (the identity is in it).
+
+>>> key_check(bytes(32), "00" * 16) == key_check(bytes(32), "00" * 16)
+True
+>>> key_check(bytes(32), "00" * 16) != key_check(bytes(31) + b"\x01", "00" * 16)
+True
+>>> key_check(bytes(32), "00" * 16) != key_check(bytes(32), "11" * 16)
+True
 """
 
 from __future__ import annotations
@@ -14,9 +27,12 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Names", "ensure", "state_key", "stream_of_key"]
+from stream.core.keys import hkdf_sha256_32
+
+__all__ = ["Names", "ensure", "key_check", "state_key", "stream_of_key"]
 
 DUPLICATE_WINDOW = 600.0  # seconds JetStream remembers a release's message id
+KEY_CHECK_SALT = b"tops/cluster-key-check/v1"
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,12 @@ class Names:
 
     def partition_subject(self, partition: int) -> str:
         return f"{self.input_subject}.{partition}.>"
+
+
+def key_check(master: bytes, identity: str) -> str:
+    """The cluster's key check: the first 128 bits of ``HKDF-SHA256(master, salt=KEY_CHECK_SALT, info=identity)``
+    (RFC 5869), in hex. Equal tags: the same master key and identity, so the same stream keys."""
+    return hkdf_sha256_32(KEY_CHECK_SALT, master, identity.encode())[:16].hex()
 
 
 def state_key(stream: str) -> str:

@@ -20,14 +20,19 @@ move the partition's floor (compare-and-set), then acknowledge the partition's m
 compare-and-set means another worker owns the partition now: this worker drops it without another write or publish.
 
 Keys: the same master key file on every worker; the cluster's identity (``derive_stream_key``'s ``identity``) is
-created once in the meta bucket, with the streams' privacy parameters (a worker with other parameters refuses to
-start: one line).
+created once in the meta bucket, with the streams' privacy parameters and the key check
+(:func:`stream.cluster.jetstream.key_check`). A worker with other parameters, or whose master key gives another key
+check, refuses to start (one line, exit 2) before it takes a partition. Every stream state carries the key check of
+the worker that wrote it; a worker that loads a state with another one (the meta bucket was lost and made again, so
+the identity and the stream keys are new) processes no reading of it: it drops its partitions without writing, gives
+their leases back and ends with one line (exit 2). So a stream's ticks are all noised under one key.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -39,7 +44,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from stream.cluster.jetstream import Names, ensure, state_key
+from stream.cluster.jetstream import Names, ensure, key_check, state_key
 from stream.cluster.leases import lease_key, share, wanted
 from stream.core.config import DaemonConfig, build_operator, stream_params
 from stream.core.errors import PayloadError, StreamCapError
@@ -61,6 +66,10 @@ CONSUMER_TIMEOUT = 30.0
 
 class WorkerError(RuntimeError):
     """The worker cannot start (one line, no secret)."""
+
+
+class KeyMismatch(WorkerError):
+    """A stream's stored state was made under another master key or cluster identity than this worker's."""
 
 
 class Fenced(Exception):
@@ -95,6 +104,7 @@ class ClusterWorker:
         self.names = Names.from_config(nt)
         self.template = cfg.template
         self.identity = ""
+        self.key_check = ""  # jetstream.key_check(master, identity), once the identity is known
         self.router = Router(self._operator, cfg.streams.max_streams)
         self.owned: dict[int, Partition] = {}
         self.of_stream: dict[str, int] = {}  # stream -> partition
@@ -140,13 +150,15 @@ class ClusterWorker:
             entry = await self.kv["state"].get(state_key(name))
         except KeyNotFoundError:
             entry = None
+        state = json.loads(entry.value) if entry is not None and entry.value else None
+        if state is not None:
+            self._check_state_key(state)
         try:
             rec = self.router.record(name)
         except StreamCapError:
             self.m_readings.labels("stream_cap").inc()
             return None
         if entry is not None and entry.value:
-            state = json.loads(entry.value)
             op = rec.operator
             rec.operator = type(op).restore(op.config, derive_stream_key(self.master, name, identity=self.identity),
                                             operator_snapshot(state, op.config))
@@ -162,6 +174,18 @@ class ClusterWorker:
         part.streams.add(name)
         self.of_stream[name] = part.index
         return rec
+
+    def _check_state_key(self, state: dict[str, Any]) -> None:
+        """A stored stream state is continued only under the key check it was written with (a state written before
+        states carried one is taken: the start's check against the meta bucket covered it)."""
+        stored = state.get("key_check")
+        if stored is not None and not hmac.compare_digest(str(stored).encode(), self.key_check.encode()):
+            msg = (f"a stream's stored state was made with another master key or cluster identity than this "
+                   f"worker's (key file {self.cfg.streams.key_file}, identity {self.identity}); refusing to go on: "
+                   "its readings are not processed and the partitions go back without writing (use the key file the "
+                   "streams were made with; if the cluster's identity was lost, so are their keys: clear the state "
+                   "bucket)")
+            raise KeyMismatch(msg)
 
     def _forget(self, part: Partition) -> None:
         """Drop a partition's streams from memory (another worker continues them from the state bucket)."""
@@ -254,6 +278,7 @@ class ClusterWorker:
             rec = self.router.streams[n]
             doc = record_state(rec)
             doc["js_seq"] = self.js_seq[n]
+            doc["key_check"] = self.key_check
             value = json.dumps(doc, separators=(",", ":")).encode()
             rev = self.state_rev.get(n)
             try:
@@ -287,6 +312,10 @@ class ClusterWorker:
         keeps one of each message id)."""
         log.warning("cluster step failed (%s): %d partitions dropped without writing, taken again from their last "
                     "checkpoint", why, len(self.owned))
+        await self._abandon()
+
+    async def _abandon(self) -> None:
+        """Every partition dropped without writing or publishing, its lease given back, nothing left in memory."""
         await self._cancel_background()
         for part in list(self.owned.values()):
             self.owned.pop(part.index, None)
@@ -583,17 +612,35 @@ class ClusterWorker:
                                      max_reconnect_attempts=-1, reconnect_time_wait=0.25, connect_timeout=5,
                                      error_cb=error_cb)
         self.js = self.nc.jetstream(timeout=5.0)
-        deadline = time.monotonic() + 120.0
-        while True:  # a cluster that just started elects its leaders first; workers starting together race here
-            if self.stopping.is_set():
-                with contextlib.suppress(Exception):
-                    await self.nc.drain()
-                log.info("worker %s stopped before it joined", self.name)
-                return 0
+        try:
+            joined = await self._join()
+        except WorkerError:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+            raise
+        if not joined:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+            log.info("worker %s stopped before it joined", self.name)
+            return 0
+        log.info("worker %s: cluster identity %s, %d partitions", self.name, self.identity, self.names.partitions)
+        try:
+            await self._run()
+        finally:
+            with contextlib.suppress(Exception):  # the heartbeat expires by itself (a delete marker would count)
+                await self.nc.drain()
+        log.info("worker %s stopped", self.name)
+        return 0
+
+    async def _join(self, timeout: float = 120.0) -> bool:
+        """The streams and buckets made or found, then the cluster's identity and parameters checked; retried while
+        the cluster elects its leaders (workers starting together race here). False: a stop came first."""
+        deadline = time.monotonic() + timeout
+        while not self.stopping.is_set():
             try:
                 self.kv = await ensure(self.js, self.names)
                 await self._identity()
-                break
+                return True
             except WorkerError:
                 raise
             except Exception as exc:
@@ -601,12 +648,7 @@ class ClusterWorker:
                     msg = f"the NATS cluster's JetStream is not available ({type(exc).__name__})"
                     raise WorkerError(msg) from None
                 await asyncio.sleep(0.5)
-        log.info("worker %s: cluster identity %s, %d partitions", self.name, self.identity, self.names.partitions)
-        await self._run()
-        with contextlib.suppress(Exception):  # the heartbeat expires by itself (a delete marker would count)
-            await self.nc.drain()
-        log.info("worker %s stopped", self.name)
-        return 0
+        return False
 
     async def _run(self) -> None:
         """The main loop until a stop: rebalance every third of a lease's life, fetch and release, checkpoint; then
@@ -623,6 +665,9 @@ class ClusterWorker:
                 last_checkpoint = await self._maintain(last_checkpoint)
                 if self.heap is not None:
                     self.heap.tick()
+            except KeyMismatch:  # nothing of that stream processed: nothing written, the leases back, then the end
+                await self._abandon()
+                raise
             except Exception as exc:  # the cluster is unreachable for a moment: retry, leases decide the rest
                 log.debug("cluster step failed", exc_info=True)
                 await self._reset(_where(exc))
@@ -632,16 +677,24 @@ class ClusterWorker:
             await self._drop(part, hand_back=True)
 
     async def _identity(self) -> None:
-        """The cluster's identity and parameters: created by the first worker, the same for all."""
+        """The cluster's identity, key check and parameters: each created by the first worker (compare-and-set),
+        compared by every other."""
         from nats.js.errors import KeyWrongLastSequenceError
 
         meta = self.kv["meta"]
         params = json.dumps(stream_params(self.cfg), sort_keys=True).encode()
         with contextlib.suppress(KeyWrongLastSequenceError):
             await meta.create("identity", new_identity().encode())
+        self.identity = (await meta.get("identity")).value.decode()
+        self.key_check = key_check(self.master, self.identity)
+        with contextlib.suppress(KeyWrongLastSequenceError):
+            await meta.create("key_check", self.key_check.encode())
+        if not hmac.compare_digest((await meta.get("key_check")).value, self.key_check.encode()):
+            msg = (f"the cluster's streams were made with another master key than {self.cfg.streams.key_file}; "
+                   "refusing to start (run every worker with the key file the cluster was started with)")
+            raise WorkerError(msg)
         with contextlib.suppress(KeyWrongLastSequenceError):
             await meta.create("params", params)
-        self.identity = (await meta.get("identity")).value.decode()
         stored = (await meta.get("params")).value
         if json.loads(stored) != json.loads(params):
             msg = ("the cluster's streams were started with other privacy parameters (stream template); refusing "

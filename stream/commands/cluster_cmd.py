@@ -6,21 +6,25 @@ Contract::
 
 For every partition: the worker holding its lease (``-`` when free), the floor (the last input sequence whose effect
 is in the state bucket), and the lag (input messages of the partition after the floor, from its consumer's pending
-count); then the live workers and the input and output streams' sizes. Nothing is written.
+count); then the live workers and the input and output streams' sizes; then the cluster's identity and whether the
+configuration's master key file is the one the cluster's streams were made with (its key check, compared here: a
+worker with another key refuses to start). Nothing is written; no key or key check is shown.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from typing import Any
 
-from stream.cluster.jetstream import Names
+from stream.cluster.jetstream import Names, key_check
 from stream.cluster.leases import lease_key
 from stream.core.config import load_config
 from stream.core.errors import ConfigFileError
+from stream.core.keys import KeyFileError, load_master_key
 
 __all__ = ["add_arguments", "cluster_view", "main"]
 
@@ -30,8 +34,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
 
 
-async def cluster_view(servers: list[str], names: Names) -> dict[str, Any]:
-    """The view as a dict (partitions, workers, streams)."""
+def key_verdict(master: bytes | None, identity: str | None, stored: str | None) -> str:
+    """Whether ``master`` is the cluster's key: its key check under the cluster's identity against the stored one.
+
+    >>> tag = key_check(bytes(32), "00" * 16)
+    >>> [key_verdict(bytes(32), "00" * 16, tag), key_verdict(bytes(31) + b"\\x01", "00" * 16, tag)]
+    ['matches', 'differs']
+    >>> key_verdict(None, "00" * 16, tag), key_verdict(bytes(32), None, None)
+    ('unknown', 'not set')
+    """
+    if identity is None or stored is None:
+        return "not set"  # no worker has joined yet (or none since the key check exists)
+    if master is None:
+        return "unknown"  # the key file cannot be read here
+    return "matches" if key_check(master, identity) == stored else "differs"
+
+
+async def cluster_view(servers: list[str], names: Names, master: bytes | None = None) -> dict[str, Any]:
+    """The view as a dict (partitions, workers, streams, the cluster's identity, and ``key``: :func:`key_verdict`
+    of ``master``)."""
     import nats
     from nats.js.errors import KeyDeletedError, KeyNotFoundError, NotFoundError
 
@@ -60,12 +81,19 @@ async def cluster_view(servers: list[str], names: Names) -> dict[str, Any]:
                 except NotFoundError:
                     lag = None
             rows.append({"partition": p, "owner": owner, "floor": floor, "lag": lag})
+        meta = await js.key_value(names.meta)
+        identity, stored = None, None
+        with contextlib.suppress(KeyNotFoundError, KeyDeletedError):
+            identity = (await meta.get("identity")).value.decode()
+        with contextlib.suppress(KeyNotFoundError, KeyDeletedError):
+            stored = (await meta.get("key_check")).value.decode()
         workers = (await js.stream_info(f"KV_{names.workers}")).state.messages
         streams = {}
         for name in (names.input_stream, names.output_stream):
             st = (await js.stream_info(name)).state
             streams[name] = {"messages": st.messages, "last_seq": st.last_seq}
-        return {"partitions": rows, "workers": workers, "streams": streams}
+        return {"partitions": rows, "workers": workers, "streams": streams, "identity": identity,
+                "key": key_verdict(master, identity, stored)}
     finally:
         await nc.close()
 
@@ -81,7 +109,11 @@ def main(args: argparse.Namespace) -> int:
         print('tops cluster: the configuration is not a cluster worker\'s ([input] source = "nats")', file=sys.stderr)
         return 2
     try:
-        view = asyncio.run(cluster_view(list(cfg.nats.servers), Names.from_config(cfg.nats)))
+        master: bytes | None = load_master_key(cfg.streams.key_file, create=False)
+    except KeyFileError:
+        master = None
+    try:
+        view = asyncio.run(cluster_view(list(cfg.nats.servers), Names.from_config(cfg.nats), master))
     except Exception as exc:  # the cluster is not there: one line
         print(f"tops cluster: cannot read the cluster at {', '.join(cfg.nats.servers)} ({type(exc).__name__})",
               file=sys.stderr)
@@ -95,4 +127,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"{r['partition']:>9}  {r['owner']:<24} {r['floor']:>10} {lag:>8}")
     print(f"live workers: {view['workers']}; " + "; ".join(f"{k}: {v['messages']} messages"
                                                          for k, v in view["streams"].items()))
+    print(f"cluster identity: {view['identity'] or '-'}; master key {cfg.streams.key_file}: {_KEY_WORDS[view['key']]}")
     return 0
+
+
+_KEY_WORDS = {"matches": "the cluster's (its key check matches)",
+              "differs": "another than the cluster's (a worker with it refuses to start)",
+              "unknown": "cannot be read here (not compared)",
+              "not set": "not compared (no worker has made the cluster's key check yet)"}
