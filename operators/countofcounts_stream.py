@@ -86,6 +86,11 @@ class CountOfCountsConfig:
             raise ConfigError(msg)
 
     @property
+    def report_epsilon(self) -> float:
+        """The guarantee of one group over a release (the one histogram it carries): ``epsilon``."""
+        return float(self.epsilon)
+
+    @property
     def categories(self) -> int:
         """How many report values there are: ``len(leaves) * J``."""
         return len(self.leaves) * self.max_size

@@ -347,3 +347,31 @@ def test_the_checks_catch_olh_with_a_few_shared_hashes() -> None:
         est.append(olh_estimate(olh_support(a, b, r, g, d), n, g, eps))
     with pytest.raises(AssertionError):
         _check(np.array(est), c, olh_variance(n, g, eps, c))
+
+
+def test_counters_split_their_budget_only_when_one_report_moves_two_and_old_states_do_not_continue() -> None:
+    """Each counter runs at counter.epsilon / 2 under substitute neighbours with two or more counters, at
+    counter.epsilon otherwise; a state saved by counters at the full budget (before the split) is refused, not
+    continued at another noise scale, and a state of the split counters restores."""
+    from operators.categorical.release import CategoricalConfig, CategoricalRelease
+    from operators.config import ToPSConfig
+
+    counter = ToPSConfig(epsilon=0.8, bound=5.0, holdout=3, query_range=16, fanout=4)
+
+    def cfg(neighbours: str, counters: tuple[int, ...]) -> CategoricalConfig:
+        return CategoricalConfig(epsilon=1.0, categories=4, neighbours=neighbours, counters=counters, counter=counter)
+
+    assert cfg("substitute", (0, 2)).counter_each.epsilon == 0.4
+    assert cfg("substitute", (1,)).counter_each.epsilon == 0.8
+    assert cfg("add-remove", (0, 2)).counter_each.epsilon == 0.8
+    assert cfg("substitute", (0, 2)).report_epsilon == cfg("add-remove", (0, 2)).report_epsilon == 1.8
+    c = cfg("substitute", (0, 2))
+    op = CategoricalRelease(c, key=bytes(32))
+    op.process([{0: 2, 2: 1}] * 5)
+    snap = op.snapshot()
+    again = CategoricalRelease.restore(c, bytes(32), snap)
+    assert again.process([{0: 1}]) == op.process([{0: 1}])
+    for saved in snap["counters"].values():
+        saved["config"] = counter.to_dict()  # what the counters at the full budget saved
+    with pytest.raises(ValueError, match="other parameters"):
+        CategoricalRelease.restore(c, bytes(32), snap)

@@ -150,6 +150,28 @@ def test_stdin_releases_equal_replay_and_hostile_categories_are_rejected(tmp_pat
     assert again.returncode == 0 and again.stdout.decode().splitlines() != out
 
 
+def test_a_release_states_the_histogram_and_the_counters_epsilon_together(tmp_path: Path) -> None:
+    """A report feeds the histogram (epsilon 1) and the counters (0.5 together, split between the two a substitute
+    move changes): every release of `tops run` and of `tops replay-categorical` states 1.5, and the two agree."""
+    now = time.time()
+    text, _ = readings_text(now, 400, 2)
+    (tmp_path / "in.jsonl").write_bytes(text)
+    cfg = write_toml(tmp_path / "tops.toml", central_doc(tmp_path, labels=["a", "b", "c", "d", "e"],
+                                                         counters=["a", "b"], counter_epsilon=0.5,
+                                                         neighbours="substitute", counter_bound=50.0,
+                                                         counter_holdout=2, counter_query_range=64))
+    r = tops("run", "--config", str(cfg), stdin=text)
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode().splitlines()
+    rel = [json.loads(x) for x in out]
+    assert len(rel) >= 4 and {x["epsilon"] for x in rel} == {1.5}
+    rep = tops("replay-categorical", str(tmp_path / "in.jsonl"), "--config", str(cfg), "--stream", "region",
+               "--key-file", str(tmp_path / "master.key"), "--identity", identity_from_log(r.stderr.decode()),
+               "--first", str(rel[0]["ts"]), "--last", str(rel[-1]["ts"]))
+    assert rep.returncode == 0, rep.stderr.decode()
+    assert rep.stdout.decode().splitlines() == out
+
+
 # -- central, MQTT, kill -9 -----------------------------------------------------------------------------------------
 class Feeder(threading.Thread):
     """Publishes categories with ts (event clock) and seq at QoS 1, at a steady pace."""

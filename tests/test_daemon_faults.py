@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import DaemonProcess, Subscriber, daemon_config, free_port, publish, publish_file, wait_for
 from tests.test_daemon_e2e import check_against_replay
+from tests.test_local_device import NUMBER
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -33,8 +34,9 @@ def test_bad_inputs_rejected_counted_and_other_streams_go_on(mosquitto, tmp_path
         big.write_bytes(b"7" * (10 * 1024 * 1024))  # parses as a number: only the size limit rejects it
         assert publish_file(port, "meters/s2/reading", garbage).returncode == 0
         assert publish_file(port, "meters/s2/reading", big).returncode == 0
-        wrong_types = ['{"value": "12"}', '{"value": true}', '{"value": [1]}', '{"v": 1}', '"12"', "null",
-                       '{"value": 5, "seq": "x"}', '{"value": 5, "ts": "now"}']
+        # rejected messages that carry ordinary readings (17.25, 4242): no log line may repeat them
+        wrong_types = ['{"value": "17.25"}', '{"value": true}', '{"value": [1]}', '{"v": 4242}', '"4242"', "null",
+                       '{"value": 17.25, "seq": "x"}', '{"value": 4242, "ts": "now"}']
         not_finite = ["nan", "NaN", '{"value": NaN}', "inf"]
         negative = ["-987654.321", '{"value": -987654.321}']  # accepted: clamped to lower = 0, never dropped
         publish(port, "meters/s2/reading", wrong_types + not_finite + negative)
@@ -72,6 +74,8 @@ def test_bad_inputs_rejected_counted_and_other_streams_go_on(mosquitto, tmp_path
     assert "Traceback" not in log
     assert "rejected" in log
     assert "987654" not in log and "SECRET-GARBAGE" not in log and "7777" not in log
+    shown = {float(t) for t in NUMBER.findall(log)}
+    assert not shown & {17.25, 4242.0}, [x for x in log.splitlines() if "17.25" in x or "4242" in x]
     assert "s4" not in {p.get("stream") for p in sub.payloads()}
 
 

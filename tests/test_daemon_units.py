@@ -13,12 +13,13 @@ import pytest
 
 from stream.core.config import build_config
 from stream.core.errors import ConfigFileError, PayloadError, StreamCapError
-from stream.core.payload import decode_line, decode_payload
+from stream.core.payload import decode_line, decode_payload, decode_payload_columns, decode_reports
 from stream.core.router import Router
 from stream.core.sinks import PublishQueue
 from stream.core.ticking import PeriodBins, PeriodClock
 from stream.daemon import service as daemon_mod
 from stream.daemon.sources import TopicRouter, backoff_delay
+from tests.test_local_device import NUMBER
 
 TPL = {"epsilon": 1.0, "bound": 100.0}
 
@@ -159,6 +160,36 @@ def test_payload_rejected_without_echo(payload: bytes) -> None:
         decode_payload(payload)
     shown = payload.decode(errors="ignore").strip()[:5]
     assert not shown or shown not in str(exc.value)  # the message never echoes the payload
+
+
+READINGS = ("17.25", "4242")  # ordinary readings, as a device writes them
+ECHO_CASES = [
+    (decode_payload, b'{"value": 17.25, "ts": "x"}'), (decode_payload, b'{"value": 4242, "seq": -1}'),
+    (decode_payload, b'{"value": 17.25, "seq": 1.5}'), (decode_payload, b'{"value": 4242, "ts": -17.25}'),
+    (decode_payload, b'{"value": "17.25"}'), (decode_payload, b'"4242"'), (decode_payload, b'{"value": 17.25, "x'),
+    (decode_payload, b"17.25 4242"), (decode_payload_columns, b'{"value": 4242, "ts": "x"}'),
+    (decode_payload_columns, b'{"value": 17.25, "seq": "4242"}'), (decode_line, b"m,17.25,x"),
+    (decode_line, b"m,4242,17.25,1"), (decode_line, b"m/4242,17.25"), (decode_line, b"m,17.25x"),
+    (decode_line, b'{"stream": "m", "value": 4242, "ts": "x"}'), (decode_line, b'{"stream": 4242, "value": 17.25}'),
+    (decode_reports, b'{"report": 17.25, "phase": "x"}'), (decode_reports, b'{"report": 4242, "phase": "stream", '
+                                                                           b'"theta": -17.25}'),
+    (decode_reports, b'{"report": 17.25, "phase": "stream", "seq": 4242.5}'), (decode_reports, b"17.25"),
+]
+
+
+def echoed(payload: bytes, message: str) -> list[str]:
+    """The ordinary readings of ``payload`` that ``message`` carries as a whole number (however it prints them:
+    4242 echoed from a parsed float reads 4242.0)."""
+    shown = {float(t) for t in NUMBER.findall(message)}
+    return [r for r in READINGS if r.encode() in payload and float(r) in shown]
+
+
+@pytest.mark.parametrize(("decode", "payload"), ECHO_CASES, ids=[f"{f.__name__}-{i}" for i, (f, _) in
+                                                                  enumerate(ECHO_CASES)])
+def test_a_rejection_never_echoes_an_ordinary_reading(decode, payload: bytes) -> None:
+    with pytest.raises(PayloadError) as exc:
+        decode(payload)
+    assert not echoed(payload, str(exc.value)), str(exc.value)
 
 
 def test_payload_batch_partial() -> None:

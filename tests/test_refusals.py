@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from operators import ToPSConfig
+from stream.core.config import build_config
+from stream.core.errors import ConfigFileError
 from stream.state.store import Store
 from tests.conftest import free_port, write_toml
 
@@ -98,3 +100,21 @@ def test_check_lists_every_ledger_mismatch_and_the_start_refuses_the_same(tmp_pa
     assert run(cfg) == (2, err)
     rc, err = run(cfg, "--check", "--new-generation", "meter-a", "--new-generation", "meter-b")
     assert rc == 0 and err == [f"tops run: configuration {cfg} is valid"], err
+
+
+def test_a_threshold_budget_above_epsilon_is_refused_by_the_builder_and_the_check(tmp_path: Path) -> None:
+    """A reading in the holdout costs threshold_epsilon, and every release states epsilon: a threshold budget above
+    epsilon would make the stated guarantee false. Refused by the configuration builder (one line) and by `tops run
+    --check` (exit 2, that line), with a bound far above both; equal to epsilon is accepted."""
+    line = "[streams.template] threshold_epsilon (5.0) must not exceed epsilon (1.0)"
+    doc = {"streams": {"key_file": str(tmp_path / "master.key"), "template": {**TPL, "threshold_epsilon": 5.0}},
+           "metrics": {"port": 0}, "state": {"data_dir": ""}}
+    assert doc["streams"]["template"]["bound"] > 5.0
+    with pytest.raises(ConfigFileError) as exc:
+        build_config(doc)
+    assert len(exc.value.problems) == 1 and exc.value.problems[0].startswith(line), exc.value.problems
+    rc, err = run(config(tmp_path, streams={"template": {"threshold_epsilon": 5.0}}), "--check")
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"tops run: {line}"), err
+    assert build_config({**doc, "streams": {**doc["streams"], "template": {**TPL, "threshold_epsilon": 1.0}}})
+    rc, err = run(config(tmp_path, streams={"template": {"threshold_epsilon": 1.0}}), "--check")
+    assert rc == 0, err

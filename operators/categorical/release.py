@@ -20,8 +20,13 @@ Range sums of one category (central only): each category named in ``counters`` a
 period, as one tick, into its own ToPS stream (:class:`operators.tops.ToPS`, seed 001 Algorithm 1, keyed by a PRF of
 the stream key and the category), and the release carries that stream's value (``None`` during its holdout), so
 ``tops query`` style range sums over many periods stay accurate where summing noisy histograms would add up noise.
-A report is in exactly one category, so the counters compose in parallel: a report costs ``epsilon +
-counter.epsilon`` (or the counter's threshold budget during its holdout, whichever is larger).
+``counter.epsilon`` is the budget of all the counters together, per report. A report is in exactly one category, so
+under add-remove neighbours it moves one counter's count by 1 (parallel composition: each counter runs at
+``counter.epsilon``); under substitute neighbours it can move two counters' counts by 1 each (one down, one up), so
+with two or more counters each runs at ``counter.epsilon / 2`` (:attr:`CategoricalConfig.counter_each`, sequential
+composition of the two that move). A report costs :attr:`CategoricalConfig.report_epsilon` = ``epsilon +
+counter.epsilon`` (the counter's threshold budget instead during its holdout, if that is larger), which is the
+``epsilon`` every release states.
 
 Privacy unit: one report (one device's category in one period). Central, with neighbours that add or remove a report
 (``Delta = 1``) or change its category (``Delta = 2``): each period's histogram is eps-DP, and periods are disjoint,
@@ -188,6 +193,31 @@ class CategoricalConfig:
         return self.mechanism in LOCAL_MECHANISMS
 
     @property
+    def counters_moved(self) -> int:
+        """How many counters' counts one report can move: 2 under substitute neighbours with two or more counters
+        (its old category's count drops by 1, its new one's grows by 1), else 1 (add-remove, or one counter)."""
+        return 2 if self.neighbours == "substitute" and len(self.counters) >= 2 else 1
+
+    @property
+    def counter_each(self) -> ToPSConfig | None:
+        """The parameters each counter runs with: :attr:`counter` with its budgets divided by
+        :attr:`counters_moved`, so the counters a report moves spend ``counter.epsilon`` together."""
+        c, k = self.counter, self.counters_moved
+        if c is None or k == 1:
+            return c
+        return c.replace(epsilon=c.epsilon / k,
+                         threshold_epsilon=None if c.threshold_epsilon is None else c.threshold_epsilon / k)
+
+    @property
+    def report_epsilon(self) -> float:
+        """The guarantee of one report over everything a release carries: the histogram's ``epsilon`` plus the
+        counters' budget (``counter.epsilon``, or its threshold budget if larger), composed sequentially."""
+        if not self.counters or self.counter is None:
+            return float(self.epsilon)
+        c = self.counter
+        return float(self.epsilon) + max(c.epsilon, c.threshold_epsilon or 0.0)
+
+    @property
     def outputs(self) -> int:
         """Values an honest input takes: categories (central) or report values (local)."""
         return report_outputs(self.mechanism, self.epsilon, self.categories) if self.local else self.categories
@@ -226,8 +256,9 @@ class CategoricalRelease:
         self._outputs = config.outputs
         self._counters: dict[int, ToPS] = {}
         if config.counters:
-            assert config.counter is not None
-            self._counters = {c: ToPS(config.counter, self._counter_key(c)) for c in config.counters}
+            each = config.counter_each
+            assert each is not None
+            self._counters = {c: ToPS(each, self._counter_key(c)) for c in config.counters}
 
     def _counter_key(self, category: int) -> bytes:
         """The key of a category's counter: 256 bits of the stream's keystream for that purpose (a PRF of the
@@ -346,9 +377,10 @@ class CategoricalRelease:
         op = cls(config, key)
         op.ticks = int(snapshot["ticks"])
         if config.counters:
-            assert config.counter is not None
+            each = config.counter_each
+            assert each is not None
             saved = snapshot["counters"]
-            op._counters = {c: ToPS.restore(config.counter, op._counter_key(c), saved[str(c)])
+            op._counters = {c: ToPS.restore(each, op._counter_key(c), saved[str(c)])
                             for c in config.counters}
         return op
 

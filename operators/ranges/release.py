@@ -98,6 +98,11 @@ class RangeConfig:
             tree = buckets > 1 and prefer_tree(buckets, fanout, float(epsilon), lengths)
         return cls(epsilon, width, buckets, lower, "tree" if tree else "flat", fanout, local)
 
+    @property
+    def report_epsilon(self) -> float:
+        """The guarantee of one reading over a release (the one histogram it carries): ``epsilon``."""
+        return float(self.epsilon)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

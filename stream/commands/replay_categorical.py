@@ -134,7 +134,8 @@ def main(args: argparse.Namespace) -> int:
     clock = PeriodClock(cfg.ticks.period)
     ticks, ts, rel = replay_categorical(readings, op, clock, args.first, args.last)
     rec = SimpleNamespace(name_json=json.dumps(name or cfg.input.default_stream))
-    text = "".join(line + "\n" for line in encode_releases(ReleaseBatch(rec, ticks, ts, rel, math.nan), cat.epsilon))
+    batch = ReleaseBatch(rec, ticks, ts, rel, math.nan)
+    text = "".join(line + "\n" for line in encode_releases(batch, cfg.release_epsilon))
     if args.out == "-":
         sys.stdout.write(text)
     else:

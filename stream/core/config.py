@@ -223,8 +223,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "top_k": Field("int", 10, "Cells of a top-k release.", low=1, high=10_000),
         "counters": Field("strlist", [], "Categories (labels, or indices) whose count per period also feeds a "
                           "ToPS counter, for accurate range sums over many periods (mode central; releases carry "
-                          "`counters`). A report then costs epsilon + counter_epsilon."),
-        "counter_epsilon": Field("float", 0.0, "Budget of each counter (0: `epsilon`).", low=0),
+                          "`counters`). A report then costs epsilon + counter_epsilon, the `epsilon` its "
+                          "releases state."),
+        "counter_epsilon": Field("float", 0.0, "Budget of the counters together, per report (0: `epsilon`). With "
+                                 "`neighbours = \"substitute\"` and two or more counters a report can move two "
+                                 "counters, so each runs at counter_epsilon / 2.", low=0),
         "counter_bound": Field("float", 0.0, "B of the counters: the largest count of one category in one period "
                                "(larger counts are clamped). Required with `counters`.", low=0),
         "counter_holdout": Field("int", 1000, "m of the counters: periods held out to choose theta.", low=1),
@@ -333,6 +336,13 @@ class DaemonConfig:
     source_path: str | None = None
     notes: list[str] = field(default_factory=list)
     category: Any = None  # the operators' CategoricalConfig, RangeConfig or CountOfCountsConfig (kind != "numeric")
+
+    @property
+    def release_epsilon(self) -> float:
+        """The ``epsilon`` every release states: one reading's (or report's) guarantee over all that its releases
+        carry (a categorical stream's histogram and counters together; a numeric stream's template epsilon, which
+        its threshold budget may not exceed)."""
+        return float(self.template.epsilon if self.category is None else self.category.report_epsilon)
 
     @property
     def uses_mqtt(self) -> bool:

@@ -75,7 +75,7 @@ class StreamRecord:
         if getattr(op, "takes_categories", False):
             cfg = op.config
             st = {"stream": self.name, "phase": "releasing", "mechanism": getattr(cfg, "mechanism", "countofcounts"),
-                  "epsilon": cfg.epsilon}
+                  "epsilon": cfg.report_epsilon}
             if hasattr(cfg, "leaves"):
                 st.update(kind="countofcounts", max_size=cfg.max_size, leaves=len(cfg.leaves))
             elif hasattr(cfg, "buckets"):

@@ -365,12 +365,15 @@ class Durability:
         router.take_counts()  # replayed readings were counted by the process that accepted them
         self.ticks_at_checkpoint = router.ticks_total
         self.try_checkpoint()
-        # with period counts the number of readings is the protected value: the log does not say it
-        readings = "journaled readings" if daemon.metrics.counts_protected else f"{n} journaled readings"
+        # with period counts the number of readings is the protected value: the log says neither how many were
+        # re-processed nor how many were skipped
+        hidden = daemon.metrics.counts_protected
+        readings = "journaled readings" if hidden else f"{n} journaled readings"
+        past_cap = "" if not skipped else " (some for streams past the cap, skipped)" if hidden else \
+            f" ({skipped} for streams past the cap)"
         log.info("state: %d streams stored (%s), %s re-processed%s, %d stored messages requeued (%.2f s)",
                  n_stored, "all restored" if eager else f"{len(router.streams)} restored, the others at their next "
-                 "reading", readings, f" ({skipped} for streams past the cap)" if skipped else "",
-                 len(outbox), time.perf_counter() - t0)
+                 "reading", readings, past_cap, len(outbox), time.perf_counter() - t0)
 
     # -- streams ------------------------------------------------------------------------------------------------
     def factory(self, name: str) -> Any:

@@ -115,7 +115,7 @@ class Daemon:
         self.cap_readings = 0
         self.phase_log = PhaseLog()
         self.stdout_written = 0
-        self.epsilon = cfg.template.epsilon
+        self.epsilon = cfg.release_epsilon
         self.pubq: PublishQueue | None = None
         self.link: MqttLink | None = None
         self.stdin: StdinSource | None = None
