@@ -313,6 +313,7 @@ def test_tops_device_follows_the_retained_control_and_never_publishes_readings(m
     (tmp_path / "b.txt").write_text("".join(f"{v:.6f}\n" for v in second))
     total = first.size + second.size
     sub = Subscriber(port, topic)
+    dev: _DeviceProc | None = None
     try:
         sub.wait_ready(topic)
         # the device starts before the daemon has published anything: it holds 50 readings and stops reading
@@ -334,7 +335,8 @@ def test_tops_device_follows_the_retained_control_and_never_publishes_readings(m
         messages = sub.payloads(topic)
         captured = "".join(p for _, p in sub.lines)
     finally:
-        dev.kill()
+        if dev is not None:
+            dev.kill()
         sub.close()
     assert len(messages) == total
     assert [m["phase"] for m in messages] == ["threshold"] * first.size + ["stream"] * second.size
@@ -630,6 +632,7 @@ def test_a_device_fed_from_a_file_spends_only_on_reports_the_daemon_uses(mosquit
     releases = Subscriber(port, "dp/#")
     controls = Subscriber(port, f"tops/control/{stream}")
     state = tmp_path / "device.json"
+    dev: subprocess.Popen[str] | None = None
     try:
         daemon.wait_connected()
         releases.wait_ready("dp/probe")
@@ -643,6 +646,9 @@ def test_a_device_fed_from_a_file_spends_only_on_reports_the_daemon_uses(mosquit
         m = daemon.metrics()
         assert daemon.stop() == 0
     finally:
+        if dev is not None and dev.poll() is None:
+            dev.kill()
+            dev.wait(10)
         daemon.kill()
         releases.close()
         controls.close()
@@ -743,8 +749,15 @@ def _held_run(port: int, stream: str, source: Path, state: Path) -> tuple[_Devic
     _pub(port, f"tops/control/{stream}", {**threshold_control(stream, 1.0, 100.0), "received": 0, "take": 5})
     dev = _DeviceProc(port, stream, "--input", str(source), "--max-epsilon", "2", "--state-file", str(state),
                       "--buffer", "7", "--status-interval", "0")
-    _wait(lambda: len(sub.payloads(f"meters/{stream}/report")) == 5, what="the 5 threshold reports")
-    _wait(lambda: "holding 7 readings" in dev.stderr(), what="the device holding the other 7")
+    try:
+        _wait(lambda: len(sub.payloads(f"meters/{stream}/report")) >= 5, what="the threshold reports")
+        _wait(lambda: "holding 7 readings" in dev.stderr(), what="the device holding the other 7")
+        sub.wait_ready(f"meters/{stream}/report")  # the marker: nothing more is on its way
+        assert len(sub.payloads(f"meters/{stream}/report")) == 5
+    except BaseException:
+        dev.kill()
+        sub.close()
+        raise
     return dev, sub
 
 
