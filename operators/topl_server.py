@@ -57,7 +57,7 @@ class LocalServer:
         self.clamped = 0
         self._sw_b = square_wave_parameters(config.threshold_budget)[0]
         self._rounds = HoldoutRounds(config)
-        self.control_changed = False  # a round zoomed in: the devices must be told the new domain
+        self.control_changed = False  # a round ended (and may have zoomed in): the devices must be told
 
     @property
     def sw_domain(self) -> float:
@@ -74,6 +74,12 @@ class LocalServer:
     @property
     def holdout_left(self) -> int:
         return max(0, self.config.holdout_ticks - self.received)
+
+    @property
+    def holdout_take(self) -> int:
+        """Holdout reports still taken in the current round (over :attr:`sw_domain`); 0 once theta is chosen. The
+        control message says it, so that a device reports no reading the server would then drop as stale."""
+        return 0 if self.theta is not None else self._rounds.room()
 
     @property
     def sw_b(self) -> float:
@@ -108,6 +114,7 @@ class LocalServer:
             return
         rounds = self._rounds
         r = np.asarray(reports, dtype=np.float64)[: self.holdout_left]
+        rounds_before = rounds.zooms_done
         while r.size:
             k = min(r.size, rounds.room())
             if not k:
@@ -115,9 +122,10 @@ class LocalServer:
             dom = rounds.domain
             self.received += k
             if rounds.add_unit(r[:k] / dom):
-                self.control_changed = True
                 break  # the rest of this batch was made over the old domain: not counted
             r = r[k:]
+        if rounds.zooms_done != rounds_before:  # a new round: its domain and what it takes go to the devices
+            self.control_changed = True
         if self.holdout_left == 0:
             self.theta = float(rounds.estimate().theta)
 

@@ -50,7 +50,7 @@ class SimDevice:
 
     def report(self, reading: float) -> str | None:
         with self.lock:
-            if self.device.phase is None:
+            if self.device.phase is None or self.device.room == 0:  # nothing taken now (the round is full)
                 return None
             rep = self.device.perturb([reading])[0]
         self.client.publish(self.topic, json.dumps(rep), qos=1)

@@ -5,14 +5,10 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +27,7 @@ from stream.device.client import (
     stream_control,
     threshold_control,
 )
+from tests.conftest import DaemonProcess, Subscriber, daemon_config, free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = bytes(range(32))
@@ -185,7 +182,8 @@ def test_seq_increases_and_starts_above_the_floor() -> None:
     first = Device("s1", 1.0)
     first.on_control(stream_control("s1", 1.0, 5.0))
     used = [m["seq"] for m in first.perturb(np.ones(1000))]
-    time.sleep(0.002)  # a restart takes longer than the 1,000 microseconds this batch ran ahead of the clock
+    # a restart comes later than the 1,000 microseconds this batch ran ahead of the clock
+    _wait(lambda: time.time_ns() // 1000 > used[-1], what="the clock passing the last seq")
     again = Device("s1", 1.0)
     again.on_control(stream_control("s1", 1.0, 5.0))
     assert again.perturb([1.0])[0]["seq"] > used[-1]
@@ -273,43 +271,6 @@ def test_report_messages() -> None:
 # `tops device` end to end against a real broker
 
 
-MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def device_broker(tmp_path: Path) -> Iterator[int]:
-    """An open Mosquitto on a free loopback port (`listener PORT 127.0.0.1`, `allow_anonymous true`)."""
-    if not Path(MOSQUITTO).exists() or not shutil.which("mosquitto_pub"):
-        pytest.skip("mosquitto and mosquitto-clients are not installed (.ci/run installs them)")
-    port = _free_port()
-    conf = tmp_path / "mosquitto.conf"
-    user = "user root\n" if os.geteuid() == 0 else ""
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n{user}")
-    log = (tmp_path / "mosquitto.log").open("wb")
-    proc = subprocess.Popen([MOSQUITTO, "-c", str(conf)], stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
-
-
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
@@ -321,9 +282,6 @@ def leaked(values, text: str) -> list[str]:
     """
     numbers = set(NUMBER.findall(text))
     return [s for v in values for s in (f"{v:.6f}", repr(float(v))) if s in numbers]
-
-
-SUB_ARGS = ("-q", "1", "-W", "60", "-C")  # QoS 1, give up after 60 s, exit after this many messages:
 
 
 def _pub(port: int, topic: str, message: dict | str) -> None:
@@ -345,37 +303,42 @@ def _device(port: int, stream: str, input_file: Path, *extra: str) -> subprocess
 
 @pytest.mark.network
 @pytest.mark.slow
-def test_tops_device_follows_the_retained_control_and_never_publishes_readings(
-    device_broker: int, tmp_path: Path
-) -> None:
-    port, stream = device_broker, "meter-7"
+def test_tops_device_follows_the_retained_control_and_never_publishes_readings(mosquitto, tmp_path: Path) -> None:
+    port, stream = mosquitto.port, "meter-7"
+    topic = f"meters/{stream}/report"
     rng = np.random.default_rng(4)
     first = np.round(rng.uniform(10, 90, 300), 6) + 0.000123  # distinctive decimals, easy to search for
     second = np.round(rng.uniform(10, 90, 200), 6) + 0.000456
     (tmp_path / "a.txt").write_text("".join(f"{v:.6f}\n" for v in first) + "oops\nnan\n")
     (tmp_path / "b.txt").write_text("".join(f"{v:.6f}\n" for v in second))
     total = first.size + second.size
-    sub = subprocess.Popen(
-        ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-t", f"meters/{stream}/report", *SUB_ARGS, str(total)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(0.3)
-    # the device starts before the daemon has published anything: it holds 50 readings and stops reading
-    dev = _device(port, stream, tmp_path / "a.txt", "--buffer", "50")
-    time.sleep(1.5)
-    assert dev.poll() is None  # still waiting for a control message
-    _pub(port, f"tops/control/{stream}", threshold_control(stream, epsilon=1.0, bound=100.0))
-    out_a, err_a = dev.communicate(timeout=60)
-    assert dev.returncode == 0, err_a
-    _pub(port, f"tops/control/{stream}", stream_control(stream, epsilon=2.0, theta=40.0))
-    dev = _device(port, stream, tmp_path / "b.txt")
-    out_b, err_b = dev.communicate(timeout=60)
-    assert dev.returncode == 0, err_b
-    captured, _ = sub.communicate(timeout=60)
-    lines = captured.splitlines()
-    assert len(lines) == total
-    messages = [json.loads(line) for line in lines]
+    sub = Subscriber(port, topic)
+    dev: _DeviceProc | None = None
+    try:
+        sub.wait_ready(topic)
+        # the device starts before the daemon has published anything: it holds 50 readings and stops reading
+        dev = _DeviceProc(port, stream, "--input", str(tmp_path / "a.txt"), "--max-epsilon", "2", "--buffer", "50")
+        _wait(lambda: "holding 50 readings (--buffer) until an acceptable control message" in dev.stderr(),
+              what="the device holding its buffer")
+        assert dev.proc.poll() is None  # still waiting for a control message
+        assert sub.payloads(topic) == []
+        # a threshold control of a daemon that does not say what it takes: every reading is reported in it
+        _pub(port, f"tops/control/{stream}", threshold_control(stream, epsilon=1.0, bound=100.0))
+        rc, out_a, err_a = dev.finish()
+        assert rc == 0, err_a
+        assert "does not say how many reports the server takes" in err_a
+        _pub(port, f"tops/control/{stream}", stream_control(stream, epsilon=2.0, theta=40.0))
+        dev = _DeviceProc(port, stream, "--input", str(tmp_path / "b.txt"), "--max-epsilon", "2")
+        rc, out_b, err_b = dev.finish()
+        assert rc == 0, err_b
+        sub.wait_ready(topic)  # the marker: every report the devices published before it has arrived
+        messages = sub.payloads(topic)
+        captured = "".join(p for _, p in sub.lines)
+    finally:
+        if dev is not None:
+            dev.kill()
+        sub.close()
+    assert len(messages) == total
     assert [m["phase"] for m in messages] == ["threshold"] * first.size + ["stream"] * second.size
     b = square_wave_parameters(1.0)[0]
     for m in messages[: first.size]:
@@ -394,12 +357,34 @@ def test_tops_device_follows_the_retained_control_and_never_publishes_readings(
 
 
 @pytest.mark.network
-def test_tops_device_gives_up_without_control_when_asked(device_broker: int, tmp_path: Path) -> None:
+def test_tops_device_gives_up_without_control_when_asked(mosquitto, tmp_path: Path) -> None:
     (tmp_path / "r.txt").write_text("1.5\n2.5\n")
-    dev = _device(device_broker, "silent", tmp_path / "r.txt", "--control-timeout", "1")
+    dev = _device(mosquitto.port, "silent", tmp_path / "r.txt", "--control-timeout", "1")
     _, err = dev.communicate(timeout=30)
-    assert dev.returncode == 3 and "no control message" in err
+    assert dev.returncode == 3 and "no control message within 1 s" in err
     assert "1.5" not in err and "2.5" not in err
+
+
+@pytest.mark.network
+def test_a_device_that_gives_up_after_a_refusal_says_why_on_one_line(mosquitto, tmp_path: Path) -> None:
+    """The control message it got was refused (epsilon above the pinned limit): the exit line says so and why,
+    not that no control message came."""
+    (tmp_path / "r.txt").write_text("1.5\n2.5\n")
+    _pub(mosquitto.port, "tops/control/greedy", stream_control("greedy", epsilon=8.0, theta=10.0))
+    dev = _device(mosquitto.port, "greedy", tmp_path / "r.txt", "--control-timeout", "1",
+                  "--password-file", str(_password(tmp_path)))
+    _, err = dev.communicate(timeout=30)
+    assert dev.returncode == 3
+    (line,) = [x for x in err.splitlines() if " ERROR " in x]
+    assert line.endswith("refused the control message (epsilon: control epsilon 8 is above this device's limit 2 "
+                         "(--max-epsilon)); no acceptable one within 1 s"), line
+    assert "no control message" not in err and "1.5" not in err and "2.5" not in err and "pw-secret" not in err
+
+
+def _password(tmp_path: Path) -> Path:
+    path = tmp_path / "pw"
+    path.write_text("pw-secret\n")
+    return path
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -479,14 +464,14 @@ MALICIOUS = [
 @pytest.mark.parametrize(("name", "make"), MALICIOUS, ids=[m[0] for m in MALICIOUS])
 def test_a_control_above_the_pinned_limits_gets_no_report(mosquitto, tmp_path: Path, name: str, make) -> None:
     """The retained control message is the attacker's: the device sends nothing until an acceptable one comes."""
-    from tests.conftest import Subscriber
-
     port, stream = mosquitto.port, "meter-9"
     report_topic = f"meters/{stream}/report"
     sub = Subscriber(port, "meters/#")
     sub.wait_ready("meters/probe")
     state = tmp_path / "device.json"
-    limits = ["--max-epsilon", "1", "--max-threshold-epsilon", "1", "--state-file", str(state)]
+    secret = [123.456789, 777.654321, 42.424242, *(round(500.000123 + 1.000001 * i, 6) for i in range(30))]
+    limits = ["--max-epsilon", "1", "--max-threshold-epsilon", "1", "--state-file", str(state),
+              "--buffer", str(len(secret))]
     if "first use" not in name:
         limits += ["--bound", "1000"]
     dev = _DeviceProc(port, stream, *limits)
@@ -499,9 +484,12 @@ def test_a_control_above_the_pinned_limits_gets_no_report(mosquitto, tmp_path: P
         bad = make(stream)
         _pub(port, f"tops/control/{stream}", bad if isinstance(bad, str) else json.dumps(bad))
         _wait(lambda: "refusing control message" in dev.stderr(), what="the refusal")
-        secret = [123.456789, 777.654321, 42.424242, *(round(500.000123 + 1.000001 * i, 6) for i in range(30))]
         dev.feed(f"{v:.6f}" for v in secret)
-        time.sleep(2.5)  # bounded wait: whatever the device would send has had time to arrive
+        # the device has taken every secret reading and holds them (none perturbed, so none can be published);
+        # then a marker on the report topic: whatever the device published before it has arrived
+        _wait(lambda: f"holding {len(secret)} readings (--buffer) until an acceptable control" in dev.stderr(),
+              what="the device holding the readings")
+        sub.wait_ready(report_topic)
         assert len(sub.payloads(report_topic)) == 20, "a report went out under a refused control message"
         doc = json.loads(state.read_text()) if state.exists() else {}
         assert doc.get("refused", 0) >= 1
@@ -511,7 +499,7 @@ def test_a_control_above_the_pinned_limits_gets_no_report(mosquitto, tmp_path: P
         _wait(lambda: len(sub.payloads(report_topic)) == total, what="the reports under the acceptable control")
         rc, out, err = dev.finish()
         assert rc == 0, err
-        time.sleep(0.3)
+        sub.wait_ready(report_topic)  # the marker: nothing the device published is still on its way
         msgs = sub.payloads(report_topic)
         assert len(msgs) == total
         assert [m["phase"] for m in msgs] == ["threshold"] * 20 + ["stream"] * len(secret)
@@ -591,19 +579,20 @@ def test_tops_device_without_max_epsilon_refuses_to_start_with_one_line(tmp_path
 
 @pytest.mark.network
 def test_tops_device_with_a_limits_file_refuses_a_threshold_control_above_it(mosquitto, tmp_path: Path) -> None:
-    from tests.conftest import Subscriber
-
     port, stream = mosquitto.port, "meter-5"
     (tmp_path / "limits.toml").write_text("max_epsilon = 2.0\nmax_threshold_epsilon = 0.5\nbound = 100.0\n")
     sub = Subscriber(port, "meters/#")
     sub.wait_ready("meters/probe")
     state = tmp_path / "s.json"
-    dev = _DeviceProc(port, stream, "--limits", str(tmp_path / "limits.toml"), "--state-file", str(state))
+    dev = _DeviceProc(port, stream, "--limits", str(tmp_path / "limits.toml"), "--state-file", str(state),
+                      "--buffer", "3")
     try:
         _pub(port, f"tops/control/{stream}", threshold_control(stream, epsilon=1.0, bound=100.0))
         dev.feed(["11.123457", "22.234568", "33.345679"])
         _wait(lambda: "refusing control message (threshold_epsilon)" in dev.stderr(), what="the refusal")
-        time.sleep(1.5)
+        _wait(lambda: "holding 3 readings (--buffer) until an acceptable control" in dev.stderr(),
+              what="the device holding the readings")
+        sub.wait_ready(f"meters/{stream}/report")  # the marker: whatever the device published has arrived
         assert sub.payloads(f"meters/{stream}/report") == []
         _pub(port, f"tops/control/{stream}", threshold_control(stream, epsilon=0.5, bound=100.0))
         _wait(lambda: len(sub.payloads(f"meters/{stream}/report")) == 3, what="reports at the allowed epsilon")
@@ -617,3 +606,281 @@ def test_tops_device_with_a_limits_file_refuses_a_threshold_control_above_it(mos
     finally:
         dev.kill()
         sub.close()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the device consumes its readings phase by phase: what the holdout takes, then the rest in the stream phase
+
+
+@pytest.mark.network
+def test_a_device_fed_from_a_file_spends_only_on_reports_the_daemon_uses(mosquitto, tmp_path: Path) -> None:
+    """400 readings from a file, a real daemon in local mode with a holdout of 100: the device reports 100 in the
+    threshold phase (round by round, as the control message says), holds the other 300 unspent until theta is
+    chosen, then reports them in the stream phase. The account equals the readings used, no report is stale, and
+    the 300 stream reports are 300 releases."""
+    port, stream, holdout, n = mosquitto.port, "meter-3", 100, 400
+    readings = np.round(np.random.default_rng(8).gamma(2.0, 6.0, n) + 0.123457, 6)
+    source = tmp_path / "readings.txt"
+    source.write_text("".join(f"{v:.6f}\n" for v in readings))
+    mport = free_port()
+    cfg = daemon_config(
+        tmp_path, port, mport, input={"topics": ["meters/+/report"]},
+        streams={"mode": "local", "template": {"epsilon": 1.0, "bound": 100.0, "holdout": holdout}},
+        local={"streams": [stream]},
+    )
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    releases = Subscriber(port, "dp/#")
+    controls = Subscriber(port, f"tops/control/{stream}")
+    state = tmp_path / "device.json"
+    dev: subprocess.Popen[str] | None = None
+    try:
+        daemon.wait_connected()
+        releases.wait_ready("dp/probe")
+        dev = _device(port, stream, source, "--state-file", str(state), "--status-interval", "0")
+        out, err = dev.communicate(timeout=120)
+        assert dev.returncode == 0, err
+        acc = json.loads(state.read_text())["account"]
+        assert acc["threshold"]["readings"] == holdout and acc["stream"]["readings"] == n - holdout
+        assert acc["readings"] == n
+        wait_for(lambda: len(releases.payloads(f"dp/{stream}")) >= n - holdout, 60, what="the stream releases")
+        m = daemon.metrics()
+        assert daemon.stop() == 0
+    finally:
+        if dev is not None and dev.poll() is None:
+            dev.kill()
+            dev.wait(10)
+        daemon.kill()
+        releases.close()
+        controls.close()
+    # the control messages said what each round takes: rounds end after 13, 25 and 100 reports (refine's 1/8, 1/4)
+    said = [json.loads(p) for _, p in controls.lines]
+    assert said[0]["phase"] == "threshold" and (said[0]["received"], said[0]["take"]) == (0, 13)
+    assert {c["received"] + c["take"] for c in said if c["phase"] == "threshold"} == {13, 25, 100}
+    assert said[-1]["phase"] == "stream"
+    assert m.get("tops_readings_total{result=invalid}", 0) == 0
+    assert "stale report" not in daemon.stderr()
+    assert len([p for p in releases.payloads(f"dp/{stream}") if "value" in p]) == n - holdout
+    assert not leaked(readings, out + err)
+
+
+def test_a_threshold_control_limits_the_reports_to_what_the_round_takes() -> None:
+    """``take`` bounds the threshold-phase reports; a republished message (older ``received``, the device's reports
+    still in flight) grants nothing more; the next round grants its own share; a stream control takes everything."""
+    dev = Device("s1", 1.0, key=KEY)
+    assert dev.on_control(threshold_control("s1", 1.0, 100.0, received=0, take=13)) == "threshold" and dev.room == 13
+    assert len(dev.perturb(np.ones(13))) == 13 and dev.room == 0
+    with pytest.raises(RuntimeError, match="takes 0 more"):
+        dev.perturb([1.0])
+    dev.on_control(threshold_control("s1", 1.0, 100.0, received=0, take=13))  # the retained message again
+    assert dev.room == 0
+    dev.on_control(threshold_control("s1", 1.0, 100.0, received=7, take=6))  # a periodic status mid-flight
+    assert dev.room == 0
+    dev.on_control(threshold_control("s1", 1.0, 100.0, domain=40.0, received=13, take=12))  # the next round
+    assert dev.room == 12
+    with pytest.raises(RuntimeError, match="takes 12 more"):
+        dev.perturb(np.ones(13))
+    assert dev.account.readings == 13  # a refused batch spends nothing
+    dev.perturb(np.ones(5))
+    dev.on_control(threshold_control("s1", 1.0, 100.0, domain=40.0, received=16, take=9))  # 2 of mine in flight
+    assert dev.room == 7
+    dev.on_control(threshold_control("s1", 1.0, 100.0, received=0, take=13))  # the server lost its state
+    assert dev.room == 13
+    dev.on_control(stream_control("s1", 1.0, 30.0))
+    assert dev.room is None and len(dev.perturb(np.ones(500))) == 500
+    old = Device("s1", 1.0, key=KEY)  # a daemon that does not say take: no limit, as before
+    old.on_control(threshold_control("s1", 1.0, 100.0))
+    assert old.room is None and len(old.perturb(np.ones(500))) == 500
+    assert "take" not in threshold_control("s1", 1.0, 100.0)
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [{"received": 0, "take": -1}, {"received": 0, "take": "5"}, {"received": 0, "take": 1e400},
+     {"received": 0, "take": True}, {"received": 0, "take": 2**60}, {"received": 5}, {"take": 5},
+     {"received": -3, "take": 5}, {"received": 2.5, "take": 5}, {"received": 0, "take": None}],
+    ids=["negative", "text", "1e400", "bool", "huge", "received alone", "take alone", "negative received",
+         "fractional", "null"],
+)
+def test_a_threshold_control_with_bad_counts_is_refused(counts: dict) -> None:
+    dev = Device("s1", 1.0, key=KEY)
+    with pytest.raises(ControlError, match=r"'received'|'take'") as info:
+        dev.on_control({**threshold_control("s1", 1.0, 100.0), **counts})
+    assert info.value.reason == "malformed" and dev.phase is None
+
+
+def test_the_pipeline_reports_in_the_phase_that_uses_each_reading_and_holds_the_rest() -> None:
+    """Readings come before and between control messages: the threshold phase takes its share, oldest first; the
+    others wait unperturbed, whatever is republished meanwhile; the stream phase takes them all, in order."""
+    import asyncio
+
+    from stream.device.client import _Pipeline
+
+    async def run() -> tuple[_Pipeline, list[dict]]:
+        pipe = _Pipeline(Device("s1", 1.0, key=KEY), 1000)
+        await pipe.add([float(i) for i in range(30)], [float(i) for i in range(30)])
+        assert len(pipe.held) == 30 and not pipe.outbox  # no control: nothing is spent
+        await pipe.control(json.dumps(threshold_control("s1", 1.0, 100.0, received=0, take=8)).encode())
+        assert len(pipe.outbox) == 8 and len(pipe.held) == 22
+        await pipe.control(json.dumps(threshold_control("s1", 1.0, 100.0, received=3, take=5)).encode())
+        await pipe.add([30.0], [30.0])
+        assert len(pipe.outbox) == 8 and len(pipe.held) == 23  # republished: nothing more
+        await pipe.control(json.dumps(threshold_control("s1", 1.0, 100.0, received=8, take=2)).encode())
+        assert len(pipe.outbox) == 10 and len(pipe.held) == 21
+        await pipe.control(json.dumps(stream_control("s1", 1.0, 50.0)).encode())
+        await pipe.add([31.0], [31.0])
+        await pipe.finish()
+        sent = []
+        while (r := await pipe.next_report()) is not None:
+            sent.append(r)
+            await pipe.published_one()
+        return pipe, sent
+
+    pipe, sent = asyncio.run(run())
+    assert [r["phase"] for r in sent] == ["threshold"] * 10 + ["stream"] * 22
+    assert [r["ts"] for r in sent] == [float(i) for i in range(32)]  # each reading once, in input order
+    acc = pipe.device.account.to_dict()
+    assert acc["threshold"]["readings"] == 10 and acc["stream"]["readings"] == 22
+
+
+def _held_run(port: int, stream: str, source: Path, state: Path) -> tuple[_DeviceProc, Subscriber]:
+    """A device on ``source`` (12 readings) under a threshold control that takes 5: it reports 5 and holds 7."""
+    sub = Subscriber(port, f"meters/{stream}/report")
+    sub.wait_ready(f"meters/{stream}/report")
+    _pub(port, f"tops/control/{stream}", {**threshold_control(stream, 1.0, 100.0), "received": 0, "take": 5})
+    dev = _DeviceProc(port, stream, "--input", str(source), "--max-epsilon", "2", "--state-file", str(state),
+                      "--buffer", "7", "--status-interval", "0")
+    try:
+        _wait(lambda: len(sub.payloads(f"meters/{stream}/report")) >= 5, what="the threshold reports")
+        _wait(lambda: "holding 7 readings" in dev.stderr(), what="the device holding the other 7")
+        sub.wait_ready(f"meters/{stream}/report")  # the marker: nothing more is on its way
+        assert len(sub.payloads(f"meters/{stream}/report")) == 5
+    except BaseException:
+        dev.kill()
+        sub.close()
+        raise
+    return dev, sub
+
+
+def _continue_run(port: int, stream: str, source: Path, state: Path, sub) -> tuple[int, str]:
+    """The device again on the same file and state: the retained control still takes 5 from received 0 (its 5 are
+    counted by its holdout share: it sends none), then the stream control takes what it holds."""
+    dev = _DeviceProc(port, stream, "--input", str(source), "--max-epsilon", "2", "--state-file", str(state),
+                      "--status-interval", "0")
+    try:
+        _wait(lambda: "phase threshold" in dev.stderr(), what="the restarted device following the retained control")
+        assert "sends up to 0 reports now" in dev.stderr()
+        _pub(port, f"tops/control/{stream}", stream_control(stream, 1.0, 40.0))
+        rc, _, err = dev.finish()
+    finally:
+        dev.kill()
+    return rc, err
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("stop", ["SIGTERM", "kill -9"])
+def test_a_restarted_device_reports_each_reading_of_its_file_once(mosquitto, tmp_path: Path, stop: str) -> None:
+    """Stopped while it holds readings for the stream phase (SIGTERM, or kill -9 after its reports went out), a
+    device restarted on the same file and state file reports the held readings once, in the stream phase, and
+    does not read the file's readings again: 12 readings, 12 distinct reports, an account of 12."""
+    import signal
+
+    port, stream = mosquitto.port, "meter-4"
+    readings = [round(31.000123 + 1.000001 * i, 6) for i in range(12)]
+    source, state = tmp_path / "r.txt", tmp_path / "device.json"
+    source.write_text("".join(f"{v:.6f}\n" for v in readings))
+    dev, sub = _held_run(port, stream, source, state)
+    try:
+        if stop == "SIGTERM":
+            dev.proc.send_signal(signal.SIGTERM)
+            assert dev.proc.wait(30) == 0
+            assert "7 readings held unreported and 0 reports unpublished: kept in the state file" in dev.stderr()
+            saved = json.loads(state.read_text())
+            held, unpublished = len(saved["pending"]), len(saved["outbox"])  # counts only: never print a reading
+            assert (held, unpublished) == (7, 0)
+            assert saved["input"]["offset"] == source.stat().st_size
+        else:
+            dev.proc.kill()
+            dev.proc.wait(10)
+        first_err = dev.stderr()
+        rc, err = _continue_run(port, stream, source, state, sub)
+        assert rc == 0, err
+        assert "continuing the input file at byte" in err
+        sub.wait_ready(f"meters/{stream}/report")  # the marker: every report published before it has arrived
+        msgs = sub.payloads(f"meters/{stream}/report")
+    finally:
+        dev.kill()
+        sub.close()
+    by_seq = {m["seq"]: m for m in msgs}
+    assert len(by_seq) == 12, "a reading was lost or reported twice"
+    assert all(by_seq[m["seq"]] == m for m in msgs)  # a report republished after kill -9 is the same report
+    assert [m["phase"] for m in sorted(by_seq.values(), key=lambda m: m["seq"])] == ["threshold"] * 5 + ["stream"] * 7
+    acc = json.loads(state.read_text())["account"]
+    assert acc["threshold"]["readings"] == 5 and acc["stream"]["readings"] == 7 and acc["readings"] == 12
+    assert not leaked(readings, first_err + err)
+
+
+@pytest.mark.parametrize("refine", [True, False])
+def test_the_server_says_what_each_round_takes_and_tells_the_devices_when_a_round_ends(refine: bool) -> None:
+    """The daemon's half: ``holdout_take`` is what the current round still takes (the control message says it), and
+    the end of every round but the last sets ``control_changed`` (the router then republishes the control at once),
+    zoom or not; the last one ends with theta, a change of phase, which the router publishes as well."""
+    from operators.topl import ToPLConfig
+    from operators.topl_server import LocalServer
+
+    srv = LocalServer(ToPLConfig(epsilon=1.0, bound=100.0, holdout=100, refine=refine))
+    takes, ends = [], []
+    while srv.theta is None:
+        takes.append(srv.holdout_take)
+        srv.observe_threshold(np.array([5.0]))
+        if srv.control_changed:
+            srv.control_changed = False
+            ends.append(srv.received)
+    assert ends == ([13, 25] if refine else [])
+    bounds = [0, *ends, 100]
+    assert takes == [end - i for a, end in itertools.pairwise(bounds) for i in range(a, end)]
+    assert srv.holdout_take == 0
+
+
+def test_the_state_file_holds_the_account_and_the_reports_before_any_is_published(tmp_path: Path) -> None:
+    """Write-ahead: once readings are perturbed, the file has the account, the reports (the outbox) and what is
+    still held, before the publisher sees any report; a device killed then publishes the same reports after its
+    restart (same seq, no new randomness) and reports the held readings once."""
+    import asyncio
+
+    from stream.device.client import _device_from_state, _Pipeline
+    from stream.device.policy import DeviceState
+
+    path = str(tmp_path / "state.json")
+    control = json.dumps(threshold_control("s1", 1.0, 100.0, received=0, take=5)).encode()
+
+    async def first() -> list[dict]:
+        pipe = _Pipeline(Device("s1", 1.0, key=KEY), 100, DeviceState(path, "s1"))
+        await pipe.add([float(i) for i in range(12)], [100.0 + i for i in range(12)])
+        await pipe.control(control)
+        return list(pipe.outbox)  # made, not yet published: the publisher has not run
+
+    made = asyncio.run(first())
+    disk = json.loads(Path(path).read_text())
+    assert disk["account"]["threshold"]["readings"] == 5 and disk["outbox"] == made
+    assert [ts for _, ts in disk["pending"]] == [105.0 + i for i in range(7)]
+    assert disk["holdout"] == {"seen": 0, "mark": 5}
+
+    async def after_restart() -> tuple[list[dict], DeviceState]:
+        state = DeviceState(path, "s1")
+        state.load()
+        pipe = _Pipeline(_device_from_state("s1", DeviceLimits(max_epsilon=1.0), state), 100, state)
+        await pipe.control(control)  # the retained message again: its 5 are this device's, already made
+        await pipe.control(json.dumps(stream_control("s1", 1.0, 50.0)).encode())
+        await pipe.finish()
+        sent = []
+        while (r := await pipe.next_report()) is not None:
+            sent.append(r)
+            await pipe.published_one()
+        return sent, state
+
+    sent, state = asyncio.run(after_restart())
+    assert sent[:5] == made and [r["phase"] for r in sent[5:]] == ["stream"] * 7
+    assert [r["ts"] for r in sent] == [100.0 + i for i in range(12)]
+    assert state.account.to_dict()["readings"] == 12
+    disk = json.loads(Path(path).read_text())
+    assert disk["outbox"] == [] and disk["pending"] == [] and disk["account"]["readings"] == 12

@@ -147,12 +147,17 @@ class _BatchDevice:
     def phase(self) -> str | None:
         return self.device.phase
 
-    def send(self, readings: np.ndarray) -> None:
+    def send(self, readings: np.ndarray) -> int:
+        """Report what the control in force takes of ``readings`` (in the threshold phase at most what the round still
+        takes); returns how many."""
         with self.lock:
             if self.device.phase is None:
-                return
-            reps = self.device.perturb(readings)
-        self.client.publish(self.topic, json.dumps(reps), qos=1)
+                return 0
+            room = self.device.room
+            reps = self.device.perturb(readings if room is None else readings[:room])
+        if reps:
+            self.client.publish(self.topic, json.dumps(reps), qos=1)
+        return len(reps)
 
     def close(self) -> None:
         self.client.disconnect()
@@ -187,8 +192,7 @@ def test_devices_zoom_in_end_to_end(mosquitto, tmp_path: Path) -> None:
         while not all(d.phase == "stream" for d in devices):
             assert pos < readings.size - 4096, "theta was never published"
             for d in devices:
-                d.send(readings[pos : pos + 512])
-                pos += 512
+                pos += d.send(readings[pos : pos + 512])
             time.sleep(0.05)
         theta = devices[0].device.control.theta
         assert daemon.stop() == 0

@@ -2,11 +2,17 @@
 
 The control message of stream ``s`` is a retained JSON object on ``tops/control/{stream}``::
 
-    {"stream": s, "phase": "threshold", "epsilon": e1, "bound": B, "mechanism": "square_wave", "sw_b": b}
+    {"stream": s, "phase": "threshold", "epsilon": e1, "bound": B, "mechanism": "square_wave", "sw_b": b,
+     "received": r, "take": k}
     {"stream": s, "phase": "stream", "epsilon": e2, "theta": t, "mechanism": "hybrid"}
     {"stream": s, "phase": "categorical", "epsilon": e, "mechanism": "grr" | "hr", "categories": d}
     {"stream": s, "phase": "range", "epsilon": e, "mechanism": "flat" | "tree", "lower": l, "width": w,
      "buckets": d, "fanout": b}
+
+In the threshold phase ``received`` is the number of holdout reports the server has counted and ``take`` how many
+more it takes in the current round (over the current ``domain``): a device reports at most that many readings and
+keeps the others for the next control message, so no reading is spent on a report the server then drops as stale.
+A message without them (an older daemon) sets no limit.
 
 The daemon (:mod:`stream.daemon.service`) publishes them; a device (:mod:`stream.device.client`) parses them here and
 then checks them against its own pinned limits. Parsing refuses whatever no honest daemon sends (NaN, ``1e400``, a
@@ -39,6 +45,7 @@ __all__ = [
     "DEFAULT_CONTROL_TOPIC",
     "DEFAULT_REPORT_TOPIC",
     "MAX_CATEGORIES",
+    "MAX_COUNT",
     "MECHANISMS",
     "PHASE_CATEGORICAL",
     "PHASE_RANGE",
@@ -63,6 +70,7 @@ MECHANISMS = {PHASE_THRESHOLD: "square_wave", PHASE_STREAM: "hybrid"}
 CATEGORICAL_MECHANISMS = LOCAL_MECHANISMS
 MAX_CATEGORIES = MAX_DENSE_CELLS
 _MAX_CONTROL_BYTES = 4096
+MAX_COUNT = 1 << 53  # received and take: exact in a JSON double
 
 
 class ControlError(ValueError):
@@ -94,6 +102,8 @@ class Control:
     width: float | None = None  # phase range: bucket width; buckets and fanout of the tree, mechanism flat or tree
     buckets: int | None = None
     fanout: int | None = None
+    received: int | None = None  # threshold phase: holdout reports the server has counted
+    take: int | None = None  # threshold phase: reports it still takes in this round (None: no limit said)
 
     def layout(self) -> ReportLayout:
         """Phase range: the one-number report layout (the same the server estimates with)."""
@@ -139,6 +149,8 @@ class Control:
             msg.update(bound=self.bound, mechanism=MECHANISMS[PHASE_THRESHOLD], sw_b=self.sw_b)
             if self.domain is not None:
                 msg["domain"] = self.domain
+            if self.take is not None:
+                msg.update(received=self.received, take=self.take)
         else:
             msg.update(theta=self.theta, mechanism=MECHANISMS[PHASE_STREAM])
         return msg
@@ -220,14 +232,30 @@ def parse_control(message: Any, stream: str | None = None) -> Control:
                 raise ControlError(msg, "bound")
             if domain == bound:
                 domain = None
+        received, take = _holdout_counts(message)
         return Control(stream=name, phase=phase, epsilon=epsilon, bound=bound, sw_b=sw_b, lower=float(lower),
-                       mechanism=MECHANISMS[phase], domain=domain)
+                       mechanism=MECHANISMS[phase], domain=domain, received=received, take=take)
     theta = _number(message, "theta")
     if not math.isfinite(theta):
         msg = "control field 'theta' must be finite"
         raise ControlError(msg)
     return Control(stream=name, phase=phase, epsilon=epsilon, theta=theta, lower=float(lower),
                    mechanism=MECHANISMS[phase])
+
+
+def _count(message: dict[str, Any], name: str) -> int:
+    value = message.get(name)
+    if type(value) is not int or not 0 <= value <= MAX_COUNT:
+        msg = f"control field {name!r} must be an integer in [0, 2^53]"
+        raise ControlError(msg)
+    return value
+
+
+def _holdout_counts(message: dict[str, Any]) -> tuple[int | None, int | None]:
+    """``received`` and ``take`` of a threshold-phase message: both or neither (an older daemon: no limit)."""
+    if "take" not in message and "received" not in message:
+        return None, None
+    return _count(message, "received"), _count(message, "take")
 
 
 def _parse_range(message: dict[str, Any], name: str) -> Control:
@@ -261,14 +289,18 @@ def range_control(stream: str, epsilon: float, mechanism: str, lower: float, wid
 
 
 def threshold_control(
-    stream: str, epsilon: float, bound: float, sw_b: float | None = None, domain: float | None = None
+    stream: str, epsilon: float, bound: float, sw_b: float | None = None, domain: float | None = None,
+    received: int | None = None, take: int | None = None,
 ) -> dict[str, Any]:
     """The phase-1 control message (Square Wave on ``[0, bound]``, or on ``[0, domain]`` in the fine round;
-    ``sw_b`` from Eq. 16 unless given)."""
+    ``sw_b`` from Eq. 16 unless given); with ``take``, the server has counted ``received`` holdout reports and takes
+    ``take`` more in this round."""
     b = square_wave_parameters(epsilon, sw_b)[0]
     dom = None if domain is None or domain >= bound else float(domain)
+    counts = (None, None) if take is None else (int(received or 0), int(take))
     return Control(
-        stream=stream, phase=PHASE_THRESHOLD, epsilon=float(epsilon), bound=float(bound), sw_b=b, domain=dom
+        stream=stream, phase=PHASE_THRESHOLD, epsilon=float(epsilon), bound=float(bound), sw_b=b, domain=dom,
+        received=counts[0], take=counts[1],
     ).to_message()
 
 

@@ -423,7 +423,7 @@ class Router:
             rec.status_due = False
             self.in_holdout -= 1
             self.status_now.append(rec)
-        elif getattr(op, "control_changed", False):  # the fine round of the threshold phase: tell the devices now
+        elif getattr(op, "control_changed", False):  # a new round of the threshold phase: tell the devices now
             op.control_changed = False
             rec.status_due = False
             self.status_now.append(rec)

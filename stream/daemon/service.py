@@ -763,7 +763,8 @@ class Daemon:
             r = op.config
             msg = range_control(rec.name, r.epsilon, r.mechanism, r.lower, r.width, r.buckets, r.fanout)
         elif op.theta is None:
-            msg = threshold_control(rec.name, op.config.threshold_budget, t.bound, op.sw_b, domain=op.sw_domain)
+            msg = threshold_control(rec.name, op.config.threshold_budget, t.bound, op.sw_b, domain=op.sw_domain,
+                                    received=op.received, take=op.holdout_take)
         else:
             msg = stream_control(rec.name, t.epsilon, op.theta)
         topic = self.cfg.local.control_topic.replace("{stream}", rec.name)

@@ -4,7 +4,8 @@ limits, perturb readings, publish reports, and keep an account of the epsilon sp
 Protocol (the daemon publishes, devices decide). The control message of stream ``s`` is a retained JSON object on
 ``tops/control/{stream}``::
 
-    {"stream": s, "phase": "threshold", "epsilon": e1, "bound": B, "mechanism": "square_wave", "sw_b": b}
+    {"stream": s, "phase": "threshold", "epsilon": e1, "bound": B, "mechanism": "square_wave", "sw_b": b,
+     "received": r, "take": k}
     {"stream": s, "phase": "stream", "epsilon": e2, "theta": t, "mechanism": "hybrid"}
 
 In local mode the server and the broker are the adversary: a control message only proposes. The device accepts it
@@ -12,6 +13,11 @@ only inside its pinned :class:`~stream.device.policy.DeviceLimits` (epsilon per 
 ``(0, B]``, the mechanisms it runs); anything else (too high an epsilon, a changed bound, NaN, ``1e400``, garbage)
 is refused, counted and logged on one line, and the device then sends **no** report until an acceptable control
 message arrives (readings wait, at most ``--buffer`` of them, and are reported once under that message).
+
+The readings are consumed phase by phase: in phase ``threshold`` a device reports at most what the server still
+takes in the current round (``take``, less its own reports still in flight: :class:`~stream.device.policy.HoldoutShare`)
+and keeps the other readings, unperturbed and unspent, for the next control message; in phase ``stream`` it
+reports every reading. So each reading is perturbed once, under the phase that uses it.
 
 In phase ``threshold`` a device clamps each reading to ``[0, B]`` and reports it with Square Wave (Eq. 16, with the
 message's ``sw_b``); in phase ``stream`` it truncates the reading to ``[0, theta]`` and reports it with the Hybrid
@@ -54,6 +60,10 @@ True
 ('stream', 10.0, True)
 >>> dev.account.to_dict()["threshold"], dev.account.max_epsilon_per_reading
 ({'readings': 2, 'max_epsilon': 1.0, 'total_epsilon': 2.0}, 1.0)
+>>> dev.on_control(threshold_control("meter-1", 1.0, 100.0, received=40, take=3)), dev.room
+('threshold', 3)
+>>> len(dev.perturb([1.0, 2.0])), dev.room
+(2, 1)
 """
 
 from __future__ import annotations
@@ -62,11 +72,15 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
+import itertools
 import json
 import logging
 import math
 import os
 import random
+import signal
+import stat
 import sys
 import threading
 import time
@@ -100,6 +114,8 @@ from stream.device.policy import (
     SEQ_RESERVE,
     DeviceLimits,
     DeviceState,
+    HoldoutShare,
+    InputPosition,
     SequenceNumbers,
     SpentAccount,
     limits_problems,
@@ -141,8 +157,11 @@ class Device:
     then reports nothing until an acceptable one arrives. ``key`` exists for tests only; by default every device
     draws a fresh random key, which is what makes its reports impossible to reproduce (and devices' noise
     independent). ``sequence`` adds ``seq`` to every report (time-based, never below ``seq_floor``); turn it off
-    only for several devices that share one stream (the daemon checks ``seq`` per stream). ``account`` and
-    ``bound`` continue a saved account and a bound pinned on first use.
+    only for several devices that share one stream (the daemon checks ``seq`` per stream). ``account``, ``bound``
+    and ``holdout`` continue a saved account, a bound pinned on first use and the device's share of the holdout.
+
+    :attr:`room` is how many readings the control in force takes now: ``None`` for any number, else (threshold
+    phase, a control that says ``take``) at most that many, and :meth:`perturb` refuses more.
     """
 
     def __init__(
@@ -156,6 +175,7 @@ class Device:
         account: SpentAccount | None = None,
         bound: float | None = None,
         categories: int | None = None,
+        holdout: HoldoutShare | None = None,
     ) -> None:
         if not isinstance(stream, str) or not stream or any(c in stream for c in "+#/\0"):
             msg = "a stream name is a non-empty string without '+', '#', '/'"
@@ -167,6 +187,8 @@ class Device:
         self.control: Control | None = None
         self.reports = 0
         self.account = account if account is not None else SpentAccount()
+        self.holdout = holdout if holdout is not None else HoldoutShare()
+        self.room: int | None = None
         self.refusals: collections.Counter[str] = collections.Counter()
         self.pinned_bound = limits.bound if limits.bound is not None else bound
         self.categories = categories  # a categorical device: its readings are categories 0 .. categories - 1
@@ -262,6 +284,10 @@ class Device:
         if control.phase == PHASE_THRESHOLD and self.pinned_bound is None:
             self.pinned_bound = control.bound  # pinned on first use: a later bound that differs is refused
         self.control = control
+        self.room = None
+        if control.phase == PHASE_THRESHOLD and control.take is not None:
+            assert control.received is not None
+            self.room = self.holdout.follow(control.received, control.take)
         return control.phase
 
     def _uniforms(self, address: int, count: int) -> np.ndarray:
@@ -288,6 +314,9 @@ class Device:
         if v.size and not np.isfinite(v).all():
             msg = "readings must be finite numbers"
             raise ValueError(msg)
+        if self.room is not None and v.size > self.room:
+            msg = f"the server takes {self.room} more threshold-phase reports now, not {v.size}: keep the others"
+            raise RuntimeError(msg)
         c = self.control
         if c.phase == PHASE_RANGE:
             lay = c.layout()
@@ -319,6 +348,9 @@ class Device:
             out = hybrid_report(v, c.theta, c.epsilon, u[0::2], u[1::2])
         self.reports += v.size
         self.account.add(c.phase, c.epsilon, v.size)
+        if self.room is not None:
+            self.room -= v.size
+            self.holdout.sent(v.size)
         return out
 
     def perturb(self, readings: Any, ts: Any = None) -> list[dict[str, Any]]:
@@ -382,33 +414,45 @@ class DeviceOptions:
 
 
 class _Pipeline:
-    """Readings -> held until an acceptable control message -> reports -> outbox; at most ``limit`` readings in
-    flight. A reading is perturbed once, under the control in force when it is taken (or, if none is, under the
-    next acceptable one); a refused control message stops all new reports."""
+    """Readings -> held until the control in force takes them -> reports -> outbox; at most ``limit`` readings in
+    flight (held and unpublished).
+
+    A held reading is perturbed once, oldest first, when a control message takes it: every one under a stream-phase
+    (or categorical, range) control; in the threshold phase at most :attr:`Device.room`, the rest held, unspent,
+    for the next control message. A refused control message stops all new reports. With a state file the account,
+    the reports made and what is still held are written after each perturbation and before any of its reports is
+    published (and again once they are): a restart continues from there."""
 
     def __init__(self, device: Device, limit: int, state: DeviceState | None = None) -> None:
         self.device = device
         self.limit = limit
         self.state = state
         self.refused_before = state.refused if state is not None else 0  # refusals of earlier runs
-        self.held: list[tuple[float, float]] = []
-        self.outbox: collections.deque[dict[str, Any]] = collections.deque()
+        self.held: collections.deque[tuple[float, float]] = collections.deque(state.pending if state else ())
+        self.outbox: collections.deque[dict[str, Any]] = collections.deque(state.outbox if state else ())
+        self.input: InputPosition | None = state.input if state is not None else None
         self.cond = asyncio.Condition()
         self.eof = False
         self.has_control = asyncio.Event()
+        self.last_refusal: ControlError | None = None
         self.invalid = 0
         self.published = 0
+        self._full = False  # the buffer is full of held readings (logged once until it drains)
+        self._told_no_take = False
+        self._followed: tuple[Control, int | None] | None = None  # the last control followed, and its room
 
     def _in_flight(self) -> int:
         return len(self.held) + len(self.outbox)
 
     def save_state(self) -> None:
-        """Write the state file (account, pinned bound, reserved seq numbers), if the device keeps one."""
+        """Write the state file (account, pinned bound, reserved seq numbers, holdout share, held readings,
+        unpublished reports, input position), if the device keeps one."""
         st = self.state
         if st is None:
             return
-        st.account, st.bound = self.device.account, self.device.pinned_bound
+        st.account, st.bound, st.holdout = self.device.account, self.device.pinned_bound, self.device.holdout
         st.refused = self.refused_before + self.device.refused
+        st.pending, st.outbox, st.input = list(self.held), list(self.outbox), self.input
         try:
             st.save(self.device.limits)
         except OSError as exc:
@@ -423,7 +467,36 @@ class _Pipeline:
                 self.save_state()
         return self.device.perturb(values, stamps)
 
-    async def add(self, readings: list[float], stamps: list[float]) -> None:
+    def _release(self) -> None:
+        """Perturb the held readings the control in force takes now (oldest first) into the outbox; then write the
+        state file, before any of these reports is published."""
+        dev, held = self.device, self.held
+        if dev.control is None or not held:
+            return
+        k = len(held) if dev.room is None else min(len(held), dev.room)
+        if k == 0:
+            return
+        values, stamps = zip(*itertools.islice(held, k), strict=True)
+        self.outbox.extend(self._perturb(list(values), list(stamps)))
+        for _ in range(k):
+            held.popleft()
+        self.save_state()
+
+    def _note_full(self) -> None:
+        """One log line when the held readings fill the buffer (the input pauses), again after it drained."""
+        if len(self.held) < self.limit:
+            self._full = False
+            return
+        if not self._full:
+            self._full = True
+            why = ("an acceptable control message" if self.device.control is None
+                   else "the next control message (the server takes no more threshold-phase reports now)")
+            log.info("holding %d readings (--buffer) until %s; input paused", len(self.held), why)
+
+    async def add(self, readings: list[float], stamps: list[float], ends: list[int] | None = None,
+                  consumed: int | None = None) -> None:
+        """Take readings in; ``ends`` (the input offset after each reading's line) and ``consumed`` (after the last
+        line of the chunk) move the input position as they are taken."""
         i = 0
         while i < len(readings):
             async with self.cond:
@@ -431,11 +504,15 @@ class _Pipeline:
                 room = self.limit - self._in_flight()
                 part, part_ts = readings[i : i + room], stamps[i : i + room]
                 i += len(part)
-                if self.device.control is None:
-                    self.held.extend(zip(part, part_ts, strict=True))
-                else:
-                    self.outbox.extend(self._perturb(part, part_ts))
+                self.held.extend(zip(part, part_ts, strict=True))
+                if self.input is not None and ends is not None:
+                    self.input.offset = ends[i - 1]
+                self._release()
+                self._note_full()
                 self.cond.notify_all()
+        if self.input is not None and consumed is not None:
+            async with self.cond:
+                self.input.offset = consumed
 
     async def control(self, payload: bytes) -> None:
         async with self.cond:
@@ -443,6 +520,7 @@ class _Pipeline:
                 phase = self.device.on_control(payload)
             except ControlError as exc:
                 self.has_control.clear()
+                self.last_refusal = exc
                 log.warning("refusing control message (%s): %s; no report until an acceptable one arrives",
                             exc.reason, exc)
                 self.save_state()
@@ -451,15 +529,31 @@ class _Pipeline:
                 log.info("control withdrawn; holding readings")
                 self.has_control.clear()
             else:
-                c = self.device.control
-                assert c is not None
-                log.info("phase %s (epsilon %g)", phase, c.epsilon)
+                self.last_refusal = None
+                self._follow(phase)
                 self.has_control.set()
-                if self.held:
-                    values, stamps = zip(*self.held, strict=True)
-                    self.outbox.extend(self._perturb(list(values), list(stamps)))
-                    self.held.clear()
+                self._release()
+                self._note_full()
             self.cond.notify_all()
+
+    def _follow(self, phase: str) -> None:
+        """Log the phase an accepted control message names (and in the threshold phase how much it takes), once:
+        a message republished as it was (a periodic status) logs at DEBUG only."""
+        c, room = self.device.control, self.device.room
+        assert c is not None
+        followed = (dataclasses.replace(c, received=None, take=None), room)
+        level = logging.DEBUG if followed == self._followed else logging.INFO
+        self._followed = followed
+        if room is not None:
+            log.log(level, "phase %s (epsilon %g): this device sends up to %d reports now, and holds the other "
+                    "readings for the next control message", phase, c.epsilon, room)
+            return
+        log.log(level, "phase %s (epsilon %g)", phase, c.epsilon)
+        if phase == PHASE_THRESHOLD and not self._told_no_take:
+            self._told_no_take = True
+            log.warning("the threshold-phase control message does not say how many reports the server takes (an "
+                        "older daemon): every reading is reported in this phase, and those past its holdout are "
+                        "rejected by the server")
 
     async def finish(self) -> None:
         async with self.cond:
@@ -476,12 +570,19 @@ class _Pipeline:
         async with self.cond:
             self.outbox.popleft()
             self.published += 1
+            if not self.outbox:
+                self.save_state()  # the reports are out: a restart must not publish them again
             self.cond.notify_all()
 
 
-def _parse_lines(lines: list[bytes], pipeline: _Pipeline) -> list[float]:
+def _parse_lines(lines: list[bytes], pipeline: _Pipeline, start: int = 0) -> tuple[list[float], list[int]]:
+    """The readings of ``lines`` (each followed by a newline in the input, which began at offset ``start``) and
+    the input offset after each reading's line."""
     out: list[float] = []
+    ends: list[int] = []
+    end = start
     for line in lines:
+        end += len(line) + 1
         text = line.strip()
         if not text:
             continue
@@ -498,14 +599,18 @@ def _parse_lines(lines: list[bytes], pipeline: _Pipeline) -> list[float]:
             pipeline.invalid += 1  # not a category of this device: counted, never reported
             continue
         out.append(value)  # a negative reading is clamped to 0 when perturbed, never skipped
-    return out
+        ends.append(end)
+    return out, ends
 
 
-async def _chunks(path: str) -> AsyncIterator[bytes]:
-    """Chunks of the input as they become available (a daemon thread reads, so a blocked stdin never hangs exit)."""
+async def _chunks(path: str, start: int = 0) -> AsyncIterator[bytes]:
+    """Chunks of the input as they become available, a file's from byte ``start`` (a daemon thread reads, so a
+    blocked stdin never hangs exit)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[bytes | BaseException] = asyncio.Queue(maxsize=4)
     fd = sys.stdin.fileno() if path == "-" else os.open(path, os.O_RDONLY)
+    if start:
+        os.lseek(fd, start, os.SEEK_SET)
 
     def reader() -> None:
         try:
@@ -531,18 +636,42 @@ async def _chunks(path: str) -> AsyncIterator[bytes]:
         yield item
 
 
+def _input_position(path: str, saved: InputPosition | None) -> InputPosition | None:
+    """Where to read a regular input file from: the saved position when it is the same file (and not shorter),
+    else its start. None for stdin, a device, a pipe (nothing to continue)."""
+    if path == "-":
+        return None
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    here = InputPosition(os.path.realpath(path), st.st_dev, st.st_ino)
+    if saved is None or (saved.path, saved.device, saved.inode) != (here.path, here.device, here.inode):
+        return here
+    if saved.offset > st.st_size:
+        log.warning("the input file is shorter than the part this device already took (state file): it is read "
+                    "from its start")
+        return here
+    if saved.offset:
+        log.info("continuing the input file at byte %d: the readings before it were taken by an earlier run",
+                 saved.offset)
+    here.offset = saved.offset
+    return here
+
+
 async def _read_input(path: str, pipeline: _Pipeline) -> None:
+    offset = pipeline.input.offset if pipeline.input is not None else 0
     partial = b""
-    async for chunk in _chunks(path):
-        lines = (partial + chunk).split(b"\n")
+    async for chunk in _chunks(path, offset):
+        data = partial + chunk
+        lines = data.split(b"\n")
         partial = lines.pop()
-        values = _parse_lines(lines, pipeline)
-        if values:
-            now = round(time.time(), 3)
-            await pipeline.add(values, [now] * len(values))
-    values = _parse_lines([partial], pipeline)
-    if values:
-        await pipeline.add(values, [round(time.time(), 3)] * len(values))
+        values, ends = _parse_lines(lines, pipeline, offset)
+        offset += len(data) - len(partial)
+        now = round(time.time(), 3)
+        await pipeline.add(values, [now] * len(values), ends, offset)
+    values, _ = _parse_lines([partial], pipeline)
+    offset += len(partial)
+    await pipeline.add(values, [round(time.time(), 3)] * len(values), [offset] * len(values), offset)
     if pipeline.invalid:
         log.warning("skipped %d input lines that are not finite numbers", pipeline.invalid)
     await pipeline.finish()
@@ -612,11 +741,37 @@ async def _connection(options: DeviceOptions, pipeline: _Pipeline) -> None:
 
 
 async def _watchdog(pipeline: _Pipeline, timeout: float) -> None:
+    """Give up when no acceptable control message came within ``timeout``; say so on one line, with the reason of
+    the last refusal if the device refused one (the reason holds no reading and no secret)."""
     try:
         await asyncio.wait_for(pipeline.has_control.wait(), timeout)
     except TimeoutError:
-        msg = f"no control message within {timeout:g} s"
+        refused = pipeline.last_refusal
+        if refused is None:
+            msg = f"no control message within {timeout:g} s"
+        else:
+            reason = " ".join(str(refused).split())
+            msg = (f"refused the control message ({refused.reason}: {reason}); no acceptable one within "
+                   f"{timeout:g} s")
         raise _ControlTimeout(msg) from None
+
+
+class _Stopped(Exception):
+    """SIGTERM or SIGINT: stop, keeping the state."""
+
+
+async def _until_signal() -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+    raise _Stopped
 
 
 async def _status(pipeline: _Pipeline, interval: float) -> None:
@@ -627,32 +782,47 @@ async def _status(pipeline: _Pipeline, interval: float) -> None:
         pipeline.save_state()
 
 
-async def run_device(options: DeviceOptions, device: Device | None = None) -> int:
-    """Run a device until its input ends and every report is published; returns the exit status.
+def _device_from_state(stream: str, limits: DeviceLimits, state: DeviceState | None, *, sequence: bool = True,
+                       categories: int | None = None) -> Device:
+    """A device that continues what its state file saved: seq numbers, account, pinned bound, holdout share."""
+    return Device(
+        stream,
+        limits,
+        sequence=sequence,
+        seq_floor=state.seq_reserved if state else 0,
+        account=state.account if state else None,
+        bound=state.bound if state else None,
+        categories=categories,
+        holdout=state.holdout if state else None,
+    )
 
-    Without ``device`` one is made from ``options.limits`` (and the state file, when given)."""
-    state = None
-    if options.state_file:
+
+async def run_device(options: DeviceOptions, device: Device | None = None, state: DeviceState | None = None) -> int:
+    """Run a device until its input ends and every report is published (or SIGTERM, SIGINT); returns the exit
+    status.
+
+    Without ``device`` one is made from ``options.limits`` and the state file, when given; ``state`` is that file
+    already loaded (the one ``device`` was made from)."""
+    if state is None and options.state_file:
         state = DeviceState(options.state_file, options.stream)
         state.load()  # ValueError: main() checks it first
     if device is None:
         if options.limits is None:
             msg = "a device needs its pinned limits (at least max_epsilon)"
             raise ValueError(msg)
-        device = Device(
-            options.stream,
-            options.limits,
-            seq_floor=state.seq_reserved if state else 0,
-            account=state.account if state else None,
-            bound=state.bound if state else None,
-        )
+        device = _device_from_state(options.stream, options.limits, state)
     pipeline = _Pipeline(device, options.buffer, state)
+    if state is not None:
+        pipeline.input = _input_position(options.input, state.input)
+    if pipeline.held or pipeline.outbox:
+        log.info("continuing with %d readings held and %d reports unpublished by an earlier run",
+                 len(pipeline.held), len(pipeline.outbox))
     status = 0
     try:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_read_input(options.input, pipeline), name=f"tops-device[{options.stream}].input")
             conn = tg.create_task(_connection(options, pipeline), name=f"tops-device[{options.stream}].mqtt")
-            background = []
+            background = [tg.create_task(_until_signal(), name="tops-device.signals")]
             if options.status_interval > 0:
                 background.append(tg.create_task(_status(pipeline, options.status_interval), name="tops-device.status"))
             if options.control_timeout:
@@ -667,12 +837,18 @@ async def run_device(options: DeviceOptions, device: Device | None = None) -> in
     except* _ControlTimeout as group:
         log.error("%s", group.exceptions[0])
         status = 3
+    except* _Stopped:
+        log.info("stopped by a signal")
     except* OSError as group:
         exc = group.exceptions[0]
         log.error("cannot read the input: %s", getattr(exc, "strerror", None) or type(exc).__name__)
         status = 1
     finally:
         pipeline.save_state()
+        if pipeline.held or pipeline.outbox:
+            where = "kept in the state file for the next run" if state is not None else "lost (no --state-file)"
+            log.warning("%d readings held unreported and %d reports unpublished: %s", len(pipeline.held),
+                        len(pipeline.outbox), where)
         log.info("%s; %d control messages refused", device.account.line(), device.refused)
     return status
 
@@ -830,13 +1006,6 @@ def main(args: argparse.Namespace) -> int:
     state = DeviceState(args.state_file, args.stream) if args.state_file else None
     if state is not None:
         state.load()
-    device = Device(
-        args.stream,
-        limits,
-        sequence=not args.no_seq,
-        seq_floor=state.seq_reserved if state else 0,
-        account=state.account if state else None,
-        bound=state.bound if state else None,
-        categories=args.categories,
-    )
-    return asyncio.run(run_device(options, device))
+    assert limits is not None
+    device = _device_from_state(args.stream, limits, state, sequence=not args.no_seq, categories=args.categories)
+    return asyncio.run(run_device(options, device, state))

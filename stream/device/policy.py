@@ -3,8 +3,9 @@
 In local mode the server and the broker are the adversary (DESIGN.md, "Noise and secrets"): the control message
 only *proposes* parameters. A device accepts a control message only inside the limits its owner pinned
 (:class:`DeviceLimits`), keeps its own account of the epsilon each reading was reported at (:class:`SpentAccount`),
-and numbers its reports with a monotone ``seq`` that a restart does not reuse (:class:`SequenceNumbers`,
-:class:`DeviceState`).
+numbers its reports with a monotone ``seq`` that a restart does not reuse (:class:`SequenceNumbers`,
+:class:`DeviceState`), and in the threshold phase reports no more readings than the server still takes
+(:class:`HoldoutShare`), keeping the others unspent for the stream phase.
 
 Privacy accounting. Each reading is perturbed and reported exactly once (Square Wave, Eq. 16, at the threshold
 phase's epsilon, or the Hybrid mechanism, Eq. 22, at the stream phase's epsilon), so each reading is protected by
@@ -34,6 +35,8 @@ __all__ = [
     "SEQ_LIMIT",
     "DeviceLimits",
     "DeviceState",
+    "HoldoutShare",
+    "InputPosition",
     "SequenceNumbers",
     "SpentAccount",
     "limits_problems",
@@ -228,6 +231,105 @@ class SpentAccount:
         )
 
 
+@dataclass(slots=True)
+class HoldoutShare:
+    """Where this device's threshold-phase reports reach in the server's count of holdout reports.
+
+    A threshold-phase control message says ``received`` (holdout reports the server has counted) and ``take`` (how
+    many more it takes in the current round). ``seen`` is the ``received`` of the last such message; ``mark`` is
+    that count plus the reports this device sent since: the count the server reaches once they arrive. A message
+    republished before they arrived (the retained one, a periodic status) repeats an older ``received``; counting
+    from ``mark`` instead keeps the device from sending the same share twice.
+
+    >>> h = HoldoutShare()
+    >>> h.follow(received=0, take=13)           # a new round: 13 reports
+    13
+    >>> h.sent(13); h.follow(received=5, take=8)  # 8 of mine are still in flight: nothing more
+    0
+    >>> h.follow(received=13, take=12)          # all counted, the next round
+    12
+    >>> h.follow(received=0, take=100)          # the server counts less than before (it lost its state)
+    100
+    """
+
+    seen: int = 0
+    mark: int = 0
+
+    def follow(self, received: int, take: int) -> int:
+        """The reports this device may send now: up to the round's end ``received + take``, counted from
+        ``max(mark, received)``."""
+        if received < self.seen:
+            self.mark = received
+        self.seen = received
+        self.mark = max(self.mark, received)
+        return max(0, received + take - self.mark)
+
+    def sent(self, reports: int) -> None:
+        self.mark += reports
+
+    def to_dict(self) -> dict[str, int]:
+        return {"seen": self.seen, "mark": self.mark}
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> HoldoutShare:
+        """The share saved by :meth:`to_dict`; ValueError when it is not one."""
+        if doc is None:
+            return cls()
+        if not isinstance(doc, dict) or not all(type(doc.get(k)) is int and 0 <= doc[k] < SEQ_LIMIT
+                                                for k in ("seen", "mark")) or doc["mark"] < doc["seen"]:
+            raise ValueError("holdout")
+        return cls(doc["seen"], doc["mark"])
+
+
+@dataclass(slots=True)
+class InputPosition:
+    """How far a device has taken its input file: the bytes up to ``offset`` hold readings already reported or kept
+    in the state file. A restart on the same file (same device and inode) continues there, so no reading is
+    reported twice."""
+
+    path: str
+    device: int
+    inode: int
+    offset: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "device": self.device, "inode": self.inode, "offset": self.offset}
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> InputPosition | None:
+        """The position saved by :meth:`to_dict` (None: none saved); ValueError when it is not one."""
+        if doc is None:
+            return None
+        if not isinstance(doc, dict) or not isinstance(doc.get("path"), str) or not all(
+                type(doc.get(k)) is int and doc[k] >= 0 for k in ("device", "inode", "offset")):
+            raise ValueError("input")
+        return cls(doc["path"], doc["device"], doc["inode"], doc["offset"])
+
+
+def _pending(doc: Any) -> list[tuple[float, float]]:
+    """Readings held unreported, ``[[value, ts], ...]``; ValueError when damaged."""
+    doc = [] if doc is None else doc
+    if not isinstance(doc, list):
+        raise ValueError("pending")
+    out = []
+    for item in doc:
+        if (not isinstance(item, list) or len(item) != 2
+                or not all(not isinstance(x, bool) and isinstance(x, int | float) and math.isfinite(x) for x in item)):
+            raise ValueError("pending")
+        out.append((float(item[0]), float(item[1])))
+    return out
+
+
+def _outbox(doc: Any) -> list[dict[str, Any]]:
+    """Reports made and paid for but not known to be published; ValueError when damaged."""
+    doc = [] if doc is None else doc
+    if not isinstance(doc, list) or not all(
+            isinstance(r, dict) and r.get("phase") in PHASES and not isinstance(r.get("report"), bool)
+            and isinstance(r.get("report"), int | float) and math.isfinite(r["report"]) for r in doc):
+        raise ValueError("outbox")
+    return doc
+
+
 def _now_us() -> int:
     return time.time_ns() // 1000
 
@@ -259,10 +361,15 @@ class SequenceNumbers:
 
 
 class DeviceState:
-    """A small JSON file a device keeps: its stream, the pinned bound, the reserved seq numbers and its account.
+    """A small JSON file a device keeps: its stream, the pinned bound, the reserved seq numbers, its account, and
+    what a restart must continue: the readings held unreported (``pending``, raw: the file is the device's own, mode
+    0600), the reports paid for and not yet published (``outbox``), its share of the holdout and its position in
+    its input file.
 
     Written atomically (temporary file, fsync, rename). ``seq_reserved`` is written *before* a report with a
-    number at or above the previous reservation is made, so a restart never reuses a number.
+    number at or above the previous reservation is made, so a restart never reuses a number; the device writes the
+    file after it perturbs readings and before it publishes the reports, so the account on disk is never below
+    what was published.
     """
 
     def __init__(self, path: str, stream: str) -> None:
@@ -272,6 +379,10 @@ class DeviceState:
         self.bound: float | None = None
         self.account = SpentAccount()
         self.refused = 0
+        self.pending: list[tuple[float, float]] = []
+        self.outbox: list[dict[str, Any]] = []
+        self.holdout = HoldoutShare()
+        self.input: InputPosition | None = None
 
     def load(self) -> None:
         """Read the file if it exists; ValueError (a one-line reason) when it is not this stream's state."""
@@ -291,6 +402,9 @@ class DeviceState:
             raise ValueError("the state file is damaged")
         try:
             self.account = SpentAccount.from_dict(doc.get("account"))
+            self.pending, self.outbox = _pending(doc.get("pending")), _outbox(doc.get("outbox"))
+            self.holdout = HoldoutShare.from_dict(doc.get("holdout"))
+            self.input = InputPosition.from_dict(doc.get("input"))
         except ValueError:
             raise ValueError("the state file is damaged") from None
         refused = doc.get("refused", 0)
@@ -305,7 +419,12 @@ class DeviceState:
             "account": self.account.to_dict(),
             "refused": self.refused,
             "updated": round(time.time(), 3),
+            "holdout": self.holdout.to_dict(),
+            "pending": [list(p) for p in self.pending],
+            "outbox": self.outbox,
         }
+        if self.input is not None:
+            doc["input"] = self.input.to_dict()
         if limits is not None:
             doc["limits"] = limits.to_dict()
         return doc
