@@ -88,6 +88,17 @@ def test_query_with_a_status_out_of_range_sums_and_says_why_there_is_no_error_ba
     assert f"no error bar: {name} must" in err, err
 
 
+def test_query_refuses_an_error_model_beyond_its_tree_limit(tmp_path: Path, release_file: Path) -> None:
+    """A valid stream whose trees have more leaves than the error model walks (r = 2^23, b = 2, s = 0: 2^23 leaves;
+    r = 2^32 with s = 0 would ask 32 GiB an array): the sums, and no error bar, with the reason."""
+    src = tmp_path / "big.jsonl"
+    src.write_text(status({"holdout": 10, "query_range": 1 << 23, "fanout": 2, "smoother_layers": 0}) + "\n"
+                   + release_file.read_text())
+    rc, out, err = run_cli("query", src)
+    assert rc == 0 and "sum 30 +- n/a" in out, err
+    assert "no error bar: a tree of 8388608 leaves" in err, err
+
+
 @pytest.mark.parametrize("status_fanout", [0, 1], ids=short_id)
 def test_query_a_status_message_and_releases_in_a_json_batch(tmp_path: Path, status_fanout: int) -> None:
     """The same status arriving in a batch (a JSON array) with the releases: the same answer."""
@@ -264,6 +275,44 @@ def test_the_help_of_state_tells_that_retire_writes() -> None:
     assert entry and "read-only" in entry.group(1) and "retire" in entry.group(1), out
     rc, out, _ = run_cli("state", "--help")
     assert rc == 0 and "retire" in out.split("positional arguments")[0], out
+
+
+# -- tops state: the store's rows ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("params", "state"), [
+    ("[1, 2]", '{"operator": {"ticks": 9}}'),
+    ('{"epsilon": "x", "holdout": "many"}', '{"operator": {"ticks": "9", "theta_units": 4}}'),
+    ('{"resolution": 1e308}', '{"operator": {"ticks": 9, "theta_units": 1e308}}'),
+    ('{"epsilon": ' + "9" * 400 + "}", '{"operator": [1]}'),
+    ('{"mode": "local"}', '{"operator": {"ticks": -5, "theta": "x", "phase": [1]}}'),
+    ('{"holdout": [5]}', '{"operator": {"ticks": [9], "theta_units": "4"}}'),
+], ids=short_id)
+def test_state_shows_a_row_of_unexpected_types_as_missing_fields(tmp_path: Path, params: str, state: str) -> None:
+    """A store copied from elsewhere may hold rows of any JSON: what is not what tops writes is shown as "-" (a
+    product that overflows too: no "inf" shown as a threshold)."""
+    import sqlite3
+
+    db = _store(tmp_path)
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE streams SET params = ?, state = ? WHERE name = 'b'", (params, state))
+    conn.commit()
+    conn.close()
+    rc, out, err = run_cli("state", "--data-dir", db.parent)
+    assert rc == 0 and re.search(r"^b\s+1\s", out, re.M) and "inf" not in out, (rc, err)
+    rc, out, err = run_cli("state", "--data-dir", db.parent, "--json")
+    assert rc == 0 and [r["stream"] for r in json.loads(out)] == ["a", "b"] and "Infinity" not in out, (rc, err)
+
+
+@pytest.mark.parametrize("row", ["{", "[" * 100_000, '{"x": ' + "9" * 5000 + "}"], ids=short_id)
+def test_state_refuses_a_row_that_is_not_json_in_one_line(tmp_path: Path, row: str) -> None:
+    import sqlite3
+
+    db = _store(tmp_path)
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE streams SET params = ? WHERE name = 'a'", (row,))
+    conn.commit()
+    conn.close()
+    line = refused_in_one_line("state", *run_cli("state", "--data-dir", db.parent)[::2])
+    assert "cannot read" in line
 
 
 # -- the seeded fuzz -----------------------------------------------------------------------------------------------
