@@ -99,6 +99,36 @@ def test_query_refuses_an_error_model_beyond_its_tree_limit(tmp_path: Path, rele
     assert "no error bar: a tree of 8388608 leaves" in err, err
 
 
+@pytest.mark.network
+@pytest.mark.parametrize("fanout", [0, 1])
+def test_query_live_with_a_retained_status_out_of_range_returns(mosquitto, fanout: int) -> None:
+    """A retained status on the daemon's topic says fanout 0 or 1 (the height of its tree never grew: tops query
+    never returned): listening live, the releases are summed and the error bar refused with the range."""
+    import subprocess
+    import sys
+
+    from tests.conftest import publish
+
+    root = Path(__file__).resolve().parents[1]
+    retained = subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(mosquitto.port), "-t", "dp/s/status",
+                               "-q", "1", "-r", "-m", status({"holdout": 10, "query_range": 16, "fanout": fanout})],
+                              capture_output=True, timeout=60, check=False)
+    assert retained.returncode == 0, retained.stderr
+    query = subprocess.Popen(
+        [sys.executable, "-m", "stream.cli", "query", "--host", "127.0.0.1", "--port", str(mosquitto.port),
+         "--releases", "30", "--seconds", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root)
+    try:
+        assert query.stderr is not None and "listening on" in query.stderr.readline()
+        assert publish(mosquitto.port, "dp/s", releases(range(10, 40))).returncode == 0
+        out, err = query.communicate(timeout=60)
+    finally:
+        if query.poll() is None:
+            query.kill()
+    assert query.returncode == 0, err
+    assert "sum 30 +- n/a" in out and "no error bar: fanout must be an integer >= 2" in err, (out, err)
+
+
 @pytest.mark.parametrize("status_fanout", [0, 1], ids=short_id)
 def test_query_a_status_message_and_releases_in_a_json_batch(tmp_path: Path, status_fanout: int) -> None:
     """The same status arriving in a batch (a JSON array) with the releases: the same answer."""

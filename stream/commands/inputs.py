@@ -74,7 +74,7 @@ def nested_too_deep(text: str) -> bool:
     only). Without a backslash, a bracket is inside a string when an odd number of quotes precede it; with one, the
     strings are removed first (one linear regex pass). A text with no more opening brackets than the bound is not
     looked at further."""
-    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # (load_json counts first: no call for a flat line)
         return False
     if "\\" in text:
         text = _STRING.sub("", text)
@@ -103,11 +103,11 @@ def load_json(data: bytes | str) -> Any:
         msg = f"longer than {MAX_LINE_BYTES >> 20} MiB"
         raise JSONInputError(msg)
     try:
-        text = data.decode("utf-8") if isinstance(data, bytes | bytearray) else data
+        text = data if isinstance(data, str) else data.decode("utf-8")
     except UnicodeDecodeError:
         msg = "not UTF-8 text"
         raise JSONInputError(msg) from None
-    if nested_too_deep(text):
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and nested_too_deep(text):
         msg = f"nested more than {MAX_JSON_DEPTH} deep"
         raise JSONInputError(msg)
     try:
@@ -168,23 +168,16 @@ def _read_npy(path: Path) -> np.ndarray:
 
 
 def _lines(path: Path) -> tuple[list[str], list[int]]:
-    """The non-blank lines of a text file, stripped, and their numbers; a line that is not UTF-8 or longer than
-    ``MAX_LINE_BYTES`` is refused by its number."""
-    lines, numbers = [], []
-    with path.open("rb") as f:
-        for n, raw in enumerate(file_lines(f), 1):
-            if raw is None:
-                msg = f"{path.name} line {n}: longer than {MAX_LINE_BYTES >> 20} MiB"
-                raise InputError(msg)
-            try:
-                line = raw.decode("utf-8").strip()
-            except UnicodeDecodeError:
-                msg = f"{path.name} line {n}: not UTF-8 text"
-                raise InputError(msg) from None
-            if line:
-                lines.append(line)
-                numbers.append(n)
-    return lines, numbers
+    """The non-blank lines of a text file, stripped, and their numbers (the file is read whole, as the values it
+    holds are; each JSON line is bounded by :func:`load_json`)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        msg = f"{path.name}: not a text file (not UTF-8)"
+        raise InputError(msg) from None
+    raw = text.splitlines()
+    keep = [(i + 1, s.strip()) for i, s in enumerate(raw) if s.strip()]
+    return [s for _, s in keep], [n for n, _ in keep]
 
 
 def _read_csv(path: Path, stream: str | None) -> np.ndarray:

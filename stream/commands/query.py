@@ -56,6 +56,7 @@ TICK_LIMIT = 1 << 63  # a tick is a non-negative 63-bit integer (the daemon's ti
 WINDOW_TICKS_MAX = 1 << 62  # the widest window in ticks (wider ones hold the same ticks)
 MODEL_LEAVES_MAX = 1 << 22  # the error model walks a tree's leaves in arrays: 32 MiB each at this many
 _FLOAT_MAX = sys.float_info.max
+_REAL = frozenset((int, float))  # the types of a JSON number (a bool is neither)
 
 
 class QueryError(Exception):
@@ -145,9 +146,9 @@ class Releases:
             self.invalid += 1
             return 0
         tick, value, ts = obj.get("tick"), obj.get("value"), obj.get("ts", 0.0)
-        if not (type(tick) is int and 0 <= tick < TICK_LIMIT
-                and _is_number(value) and -_FLOAT_MAX <= value <= _FLOAT_MAX  # NaN fails too
-                and _is_number(ts) and TS_MIN <= ts <= TS_MAX):
+        if not (type(tick) is int and 0 <= tick < TICK_LIMIT  # JSON numbers are int or float, never bool here
+                and type(value) in _REAL and -_FLOAT_MAX <= value <= _FLOAT_MAX  # NaN fails too
+                and type(ts) in _REAL and TS_MIN <= ts <= TS_MAX):
             self.invalid += 1
             return 0
         s = self._series.setdefault(name, _Series())
@@ -160,7 +161,7 @@ class Releases:
         s.ts.append(float(ts))
         for key in ("epsilon", "theta"):
             v = obj.get(key)
-            if _is_number(v) and 0 < v <= _FLOAT_MAX:  # the error model checks their ranges
+            if type(v) in _REAL and 0 < v <= _FLOAT_MAX:  # the error model checks their ranges
                 setattr(s, key, float(v))
         return 1
 
@@ -313,10 +314,6 @@ class Releases:
 # -- the parameters -----------------------------------------------------------------------------------------------
 _DEFAULTS = ToPSConfig(epsilon=1.0, bound=1.0)
 _MODEL_PARAMETERS = ("fanout", "query_range", "smoother_layers", "smoother", "alpha", "window", "resolution")
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 def _short(value: Any) -> str:
@@ -490,7 +487,7 @@ def main(args: argparse.Namespace) -> int:
             if args.password_file:
                 try:
                     password = Path(args.password_file).read_text().splitlines()[0].strip()
-                except (OSError, IndexError):
+                except (OSError, IndexError, ValueError):  # ValueError: not UTF-8
                     msg = f"--password-file {args.password_file!r} cannot be read or is empty"
                     raise QueryError(msg) from None
             rel = Releases(user)
