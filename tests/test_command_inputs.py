@@ -77,8 +77,8 @@ HOSTILE_STATUS = [
 def test_query_with_a_status_out_of_range_sums_and_says_why_there_is_no_error_bar(
         tmp_path: Path, release_file: Path, name: str, value: Any) -> None:
     """A status line (a retained status message saved, or received live) with a parameter out of range: the sums
-    are still answered, the error bar is refused with the parameter's range; no hang (fanout 0 or 1 looped forever),
-    no 2 EiB allocation (r = 2^62), no traceback."""
+    are still answered, the error bar is refused with the parameter's range; no hang (a fanout below 2 never grows a
+    tree), no 2 EiB allocation (r = 2^62), no traceback."""
     src = tmp_path / "st.jsonl"
     params = {"holdout": 10, "query_range": 16, "fanout": 4, "smoother": "moving", name: value}
     src.write_text(status(params) + "\n" + release_file.read_text())
@@ -102,8 +102,8 @@ def test_query_refuses_an_error_model_beyond_its_tree_limit(tmp_path: Path, rele
 @pytest.mark.network
 @pytest.mark.parametrize("fanout", [0, 1])
 def test_query_live_with_a_retained_status_out_of_range_returns(mosquitto, fanout: int) -> None:
-    """A retained status on the daemon's topic says fanout 0 or 1 (the height of its tree never grew: tops query
-    never returned): listening live, the releases are summed and the error bar refused with the range."""
+    """A retained status on the daemon's topic says fanout 0 or 1 (a tree whose height never grows): listening
+    live, the releases are summed and the error bar refused with the range, and the command returns."""
     import subprocess
     import sys
 
@@ -236,7 +236,7 @@ def test_query_a_range_beyond_every_tick_is_answered_or_refused_in_one_line(rele
 
 
 def test_query_an_ema_error_bar_is_a_number(release_file: Path) -> None:
-    """The EMA smoother's bar at a valid alpha is finite (``--alpha nan`` printed "+- nan" before)."""
+    """The EMA smoother's bar at a valid alpha is a finite number (``--alpha nan`` is refused: see above)."""
     rc, out, err = run_cli("query", release_file, "--holdout", 10, "--range", 16, "--fanout", 4,
                            "--smoother", "ema", "--alpha", 0.5)
     assert rc == 0 and re.search(r"\+- \d", out), (out, err)
