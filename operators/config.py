@@ -47,7 +47,7 @@ HOLDOUT_GRIDS = ("exact", "compact")
 
 # The ranges of the integer parameters. A fanout at or above r is a flat hierarchy (h = 1): anything larger only
 # risks overflow. r <= 2^32 and b >= 2 give h <= 32, so s <= h - 1 <= 31. The window is in leaves (8 bytes each in
-# a stream's state). The holdout counts ticks in a 32-bit signed integer (the holdout kernels' index).
+# a stream's state). The holdout histogram counts ticks in 32-bit signed integers.
 FANOUT_MAX = 1 << 16
 QUERY_RANGE_MAX = 1 << 32
 SMOOTHER_LAYERS_MAX = 31
