@@ -120,7 +120,7 @@ def test_values_above_bound_are_clamped_and_counted(tmp_path: Path) -> None:
     ("args", "expected"),
     [
         (["--smoother", "fancy"], "argument --smoother: invalid choice: 'fancy' (choose from"),
-        (["--fanout", "1"], "fanout must be an integer >= 2 (got 1)"),
+        (["--fanout", "1"], "fanout must be an integer >= 2 and <= 65536 (got 1)"),
         (["--epsilon", "-1"], "epsilon must be a positive number (got -1.0)"),
         (["--range", "1000"], "query_range must be a multiple of fanout^(h-1)"),
         (["--key", "abc"], "--key must be 64 hex digits"),

@@ -279,7 +279,7 @@ def test_router_readings_seq_and_cap() -> None:
     batches = r.flush()
     assert batches[0].ticks == [2, 3] and batches[0].values == [3.5, 4.5] and batches[0].ts == [12.0, 13.0]
     assert a.ticks == 4 and a.last_seq == 3 and a.phase == "releasing" and r.in_holdout == 0
-    assert [x.name for x in r.status_now] == ["a", "a"]  # created, then releasing
+    assert [(x.name, phase) for x, phase in r.status_now] == [("a", "holdout"), ("a", "releasing")]
     r.record("b")
     with pytest.raises(StreamCapError):
         r.record("c")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from operators.baselines import METHODS
 from operators.config import ConfigError, ToPSConfig
 from operators.hindsight import DeterministicErrors
 from operators.tops import ToPS
+from stream.commands.failure import refuse
 from stream.commands.inputs import InputError, read_stream
 from stream.commands.progress import progress
 from stream.commands.scoring import (
@@ -258,11 +258,9 @@ def main(args: argparse.Namespace) -> int:
             title = f"{Path(args.data).stem}: {preset.get('title', 'range-query MSE')}"
             plot(out_dir / f"{stem}.png", results, x_threshold=x_threshold, title=title, labels=labels)
     except (ConfigError, InputError) as exc:
-        print(f"tops compare: error: {exc}", file=sys.stderr)
-        return 2
+        return refuse("compare", exc)
     except OSError as exc:
-        print(f"tops compare: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
-        return 2
+        return refuse("compare", f"{exc.strerror or exc}: {exc.filename or ''}")
     elapsed = time.perf_counter() - t0
     print(f"{len(methods)} methods x {len(grid)} points x {args.repetitions} repetitions, {elapsed:.1f} s")
     header = "epsilon" if not x_threshold else "thr_eps"

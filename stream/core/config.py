@@ -25,7 +25,8 @@ from typing import Any
 from operators import ConfigError, ToPS, ToPSConfig
 from stream.core.errors import ConfigFileError
 
-__all__ = ["SCHEMA", "DaemonConfig", "Field", "build_config", "histogram_operator", "load_config", "stream_params"]
+__all__ = ["SCHEMA", "DaemonConfig", "Field", "build_config", "histogram_operator", "load_config", "read_toml",
+           "stream_params"]
 
 
 @dataclass(frozen=True)
@@ -230,9 +231,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                  "counters, so each runs at counter_epsilon / 2.", low=0),
         "counter_bound": Field("float", 0.0, "B of the counters: the largest count of one category in one period "
                                "(larger counts are clamped). Required with `counters`.", low=0),
-        "counter_holdout": Field("int", 1000, "m of the counters: periods held out to choose theta.", low=1),
-        "counter_query_range": Field("int", 1 << 16, "r of the counters: longest range of periods served.",
-                                     low=2),
+        # the counters' m and r are a ToPSConfig's: their ranges are checked there (operators.config), once
+        "counter_holdout": Field("int", 1000, "m of the counters: periods held out to choose theta."),
+        "counter_query_range": Field("int", 1 << 16, "r of the counters: longest range of periods served."),
     },
     "local": {
         "control_topic": Field("str", "tops/control/{stream}",
@@ -422,10 +423,9 @@ def _template_problems(template_doc: dict[str, Any]) -> tuple[ToPSConfig | None,
         try:
             template = ToPSConfig(**doc)
         except ConfigError as exc:
-            msg = str(exc)
-            problems.append(f"[streams.template] {msg}")
-            key = msg.split(" ", 1)[0]
-            if key not in doc or doc.get(key) == placeholders.get(key, defaults.get(key)):
+            problems.append(f"[streams.template] {exc}")
+            key = exc.param
+            if key is None or key not in doc or doc.get(key) == placeholders.get(key, defaults.get(key)):
                 break  # a problem between keys: reported, nothing more to set aside
             doc[key] = placeholders.get(key, defaults.get(key))
         else:
@@ -683,8 +683,9 @@ def _categorical(sections: dict[str, dict[str, Any]], template_doc: dict[str, An
                 counter = ToPSConfig(epsilon=float(cat["counter_epsilon"] or cat["epsilon"]),
                                      bound=float(cat["counter_bound"]), holdout=cat["counter_holdout"],
                                      query_range=cat["counter_query_range"])
-            except ConfigError as exc:
-                problems.append(f"[categorical] counter: {exc}")
+            except ConfigError as exc:  # the message starts with the parameter's name: the key is counter_<name>
+                where = "counter_" if exc.param in ("epsilon", "bound", "holdout", "query_range") else "counter: "
+                problems.append(f"[categorical] {where}{exc}")
     if problems:
         return None, problems
     try:
@@ -784,11 +785,24 @@ def stream_params(cfg: DaemonConfig) -> dict[str, Any]:
 def load_config(path: str | os.PathLike[str], template_overrides: dict[str, Any] | None = None) -> DaemonConfig:
     """Read and validate a TOML file."""
     p = Path(path)
+    return build_config(read_toml(p), str(p), template_overrides)
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A TOML file's document, or :class:`ConfigFileError` with one line: unreadable, not UTF-8, not TOML, nested
+    past the parser's recursion (``tomllib`` recurses: ``a = [[[...`` 100,000 deep), an integer of more than 4,300
+    digits (Python's limit of integer text)."""
+    p = Path(path)
     try:
         with p.open("rb") as f:
-            doc = tomllib.load(f)
+            return tomllib.load(f)
     except OSError as exc:
         raise ConfigFileError([f"{p}: cannot read ({exc.strerror})"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigFileError([f"{p}: not valid TOML ({exc})"]) from None
-    return build_config(doc, str(p), template_overrides)
+    except UnicodeDecodeError:
+        raise ConfigFileError([f"{p}: not valid TOML (not UTF-8 text)"]) from None
+    except RecursionError:
+        raise ConfigFileError([f"{p}: not valid TOML (nested too deep)"]) from None
+    except ValueError:  # an integer too long for Python's integer text limit
+        raise ConfigFileError([f"{p}: not valid TOML (a number too long)"]) from None

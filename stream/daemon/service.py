@@ -737,12 +737,12 @@ class Daemon:
             stdout.flush()
         status = self.router.status_now
         if status:
-            self.phase_log.note_many([(rec.name, rec.phase) for rec in status])
+            self.phase_log.note_many([(rec.name, phase) for rec, phase in status if phase is not None])
             if self.pubq is None:  # nothing to publish (publish_status): only due no more
-                for rec in status:
+                for rec, _ in status:
                     rec.status_due = False
             else:
-                for rec in status:
+                for rec, _ in status:
                     self.publish_status(rec)
             status.clear()
 
