@@ -385,10 +385,13 @@ class Store:
         db.execute("BEGIN IMMEDIATE")
         try:
             yield
+            db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # a COMMIT the disk refused (SQLITE_FULL) may leave the transaction open: roll it back, so that the
+            # retry starts a new one (SQLite may have rolled it back already: then ROLLBACK fails, harmlessly)
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
             raise
-        db.execute("COMMIT")
 
     def checkpoint(
         self,
@@ -417,8 +420,29 @@ class Store:
         connection (:meth:`_writer`; the daemon calls it from a worker thread, one checkpoint at a time).
         ``admissions``: deferred ledger entries (:meth:`take_admissions`), written first.
         """
-        now = _now()
-        rows = _encoded(states, now, polite=writer)  # before the transaction: it holds the write lock
+        rows = self.encode(states, polite=writer)  # before the transaction: it holds the write lock
+        self.commit_checkpoint(rows, journal_position, outbox, meta, writer=writer, admissions=admissions,
+                               clear_rows=clear_rows)
+
+    @staticmethod
+    def encode(states: dict[str, Any], *, polite: bool = False) -> list[tuple[str, str, str]]:
+        """The rows :meth:`commit_checkpoint` writes: each state's JSON text (made once: a lent holdout gives its
+        state once), with the time."""
+        return _encoded(states, _now(), polite=polite)
+
+    def commit_checkpoint(
+        self,
+        rows: list[tuple[str, str, str]],
+        journal_position: int,
+        outbox: list[tuple[str, bytes, bool, int]] | None = None,
+        meta: dict[str, str] | None = None,
+        *,
+        writer: bool = False,
+        admissions: list[tuple[Any, ...]] | None = None,
+        clear_rows: set[str] | frozenset[str] | list[str] = frozenset(),
+    ) -> None:
+        """:meth:`checkpoint`'s transaction, of states already encoded (:meth:`encode`): all or nothing, so it can
+        be tried again after the disk refused it."""
         db = self._writer() if writer else self._db
         with self._transaction(db):
             if admissions:
