@@ -25,7 +25,7 @@ import errno
 import json
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from stream.state.disk import DiskRetry
@@ -36,6 +36,7 @@ Message = tuple[str, bytes, bool, int]
 _LEN = struct.Struct("!I")
 _TAIL = struct.Struct("!BI")
 _WRITE_AT = 1 << 16  # appended bytes written at once (and at each sync)
+_READ_AT = 1 << 18  # bytes read at once
 
 
 def _encode(m: Message) -> bytes:
@@ -55,6 +56,26 @@ def _private_fd(path: Path, flags: int) -> int:
     return fd
 
 
+def _size(buf: bytes, off: int) -> int | None:
+    """The size of the record at ``buf[off:]``, None unless all of it is there."""
+    if len(buf) - off < 4:
+        return None
+    (tl,) = _LEN.unpack_from(buf, off)
+    if len(buf) - off < 8 + tl:
+        return None
+    (pl,) = _LEN.unpack_from(buf, off + 4 + tl)
+    size = 8 + tl + pl + _TAIL.size
+    return size if len(buf) - off >= size else None
+
+
+def _decode(buf: bytes, off: int) -> Message:
+    """The record at ``buf[off:]``."""
+    (tl,) = _LEN.unpack_from(buf, off)
+    (pl,) = _LEN.unpack_from(buf, off + 4 + tl)
+    retain, k = _TAIL.unpack_from(buf, off + 8 + tl + pl)
+    return buf[off + 4:off + 4 + tl].decode(), buf[off + 8 + tl:off + 8 + tl + pl], bool(retain), k
+
+
 class Spill:
     """An append-only FIFO of messages in one file, with a durable read position; use :meth:`open`.
 
@@ -69,10 +90,17 @@ class Spill:
         self.disk = disk if disk is not None else DiskRetry(folder)
         self.path = folder / f"outbox-{gen}.spill"
         self.fd = _private_fd(self.path, os.O_RDWR | os.O_APPEND)
-        self.written = self._valid_end(offset)  # bytes in the file
+        self.written = os.fstat(self.fd).st_size  # bytes in the file
         self.tail = bytearray()
         self.read_pos = min(offset, self.written)
-        self.count = self._count(self.read_pos, self.written)  # unread messages
+        self.count = 0  # unread messages
+        end = self.read_pos
+        for after, _, _ in self._records(self.read_pos, self.written):
+            self.count += 1
+            end = after
+        if end < self.written:  # a torn last record: cut off
+            os.ftruncate(self.fd, end)
+            self.written = end
         self.pos_written = pos_written  # (gen, offset) in outbox.pos
         self.stale: list[Path] = []  # read-out files to delete once outbox.pos no longer names them
 
@@ -172,12 +200,15 @@ class Spill:
     def read(self, n: int) -> list[Message]:
         """Up to ``n`` messages from the front (they leave the spill: the caller queues them in memory)."""
         out: list[Message] = []
-        if not self.count:
+        if not self.count or n <= 0:
             return out
-        end = self.end
-        while len(out) < n and self.read_pos < end:
-            m, self.read_pos = self._record(self.read_pos)
-            out.append(m)
+        pos = self.read_pos
+        for after, buf, off in self._records(pos, self.end):
+            out.append(_decode(buf, off))
+            pos = after
+            if len(out) == n:
+                break
+        self.read_pos = pos
         self.count -= len(out)
         return out
 
@@ -194,41 +225,18 @@ class Spill:
             data += bytes(self.tail[start:start + size - len(data)])
         return data
 
-    def _record(self, pos: int) -> tuple[Message, int]:
-        (tl,) = _LEN.unpack(self._bytes(pos, 4))
-        (pl,) = _LEN.unpack(self._bytes(pos + 4 + tl, 4))
-        rec = self._bytes(pos, 8 + tl + pl + _TAIL.size)
-        topic = rec[4:4 + tl].decode()
-        payload = rec[8 + tl:8 + tl + pl]
-        retain, k = _TAIL.unpack(rec[8 + tl + pl:])
-        return (topic, payload, bool(retain), k), pos + len(rec)
-
-    def _valid_end(self, offset: int) -> int:
-        """The end of the last whole record of the file (a torn tail is cut off)."""
-        size = os.fstat(self.fd).st_size
-        pos = min(offset, size)
-        while pos < size:
-            head = os.pread(self.fd, 4, pos)
-            if len(head) < 4:
-                break
-            (tl,) = _LEN.unpack(head)
-            head = os.pread(self.fd, 4, pos + 4 + tl)
-            if len(head) < 4:
-                break
-            (pl,) = _LEN.unpack(head)
-            nxt = pos + 8 + tl + pl + _TAIL.size
-            if nxt > size:
-                break
-            pos = nxt
-        if pos < size:
-            os.ftruncate(self.fd, pos)
-        return pos
-
-    def _count(self, start: int, end: int) -> int:
-        n, pos = 0, start
+    def _records(self, pos: int, end: int) -> Iterator[tuple[int, bytes, int]]:
+        """The whole records from offset ``pos`` up to ``end``, read 256 KiB at a time: (the offset after the
+        record, a buffer, the record's place in it). A torn last record ends them."""
+        buf, base = b"", pos
         while pos < end:
-            (tl,) = _LEN.unpack(os.pread(self.fd, 4, pos))
-            (pl,) = _LEN.unpack(os.pread(self.fd, 4, pos + 4 + tl))
-            pos += 8 + tl + pl + _TAIL.size
-            n += 1
-        return n
+            off = pos - base
+            size = _size(buf, off)
+            if size is None:  # the record goes on past what was read
+                more = self._bytes(base + len(buf), min(_READ_AT, end - base - len(buf)))
+                if not more:
+                    return
+                buf, base = buf[off:] + more, pos
+                continue
+            pos += size
+            yield pos, buf, off
