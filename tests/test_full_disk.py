@@ -431,6 +431,32 @@ def test_a_full_disk_while_the_broker_is_away_keeps_spilled_releases_in_memory_u
     assert n == len(values) - HOLDOUT
 
 
+def test_a_start_on_a_full_disk_stops_with_one_line_that_blames_the_disk_not_the_store(small_disk: SmallDisk,
+                                                                                          tmp_path: Path) -> None:
+    """A daemon started (say by systemd, after a crash) on a full disk cannot open its store: it stops with one line
+    and exit code 2 that says the disk refuses, and the store is not touched. It said "is not a readable tops store
+    (disk I/O error)", a corrupt store to anyone reading it; once space returns the same store starts."""
+    cfg = write_toml(tmp_path / "tops.toml", {
+        "input": {"source": "stdin"}, "output": {"sinks": ["stdout"]}, "metrics": {"port": 0},
+        "streams": {"key_file": str(tmp_path / "master.key"), "template": dict(TEMPLATE)},
+        "state": {"data_dir": str(small_disk.path / "state")},
+    })
+
+    def start(stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([sys.executable, "-m", "stream.cli", "run", "--config", str(cfg)], cwd=ROOT,
+                              input=stdin, capture_output=True, timeout=120, check=False)
+
+    assert start(b"a,1.25\n").returncode == 0
+    small_disk.fill()
+    res = start(b"a,2.25\n")
+    err = [x for x in res.stderr.decode().splitlines() if not x.startswith("tops: ")]
+    assert res.returncode == 2 and len(err) == 1, err
+    assert "its disk refuses" in err[0] and "full?" in err[0] and "not a readable" not in err[0]
+    small_disk.free()
+    res = start(b"a,3.25\n")
+    assert res.returncode == 0 and "state: 1 streams stored" in res.stderr.decode()
+
+
 @pytest.mark.slow
 def test_every_file_the_daemon_makes_in_its_data_directory_is_private(mosquitto, tmp_path: Path) -> None:
     """With umask 0 (an adversarial environment), every file in the data directory is mode 0600 and every folder

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from stream.core.keys import new_identity
+from stream.state.disk import refusal
 
 __all__ = ["Admission", "PrivacyParametersChanged", "Store", "StoreError"]
 
@@ -222,7 +223,11 @@ class Store:
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
             sliced = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'slices'").fetchone()
         except sqlite3.DatabaseError as exc:
-            msg = f"state store {p} is not a readable tops store ({exc}); refusing to start"
+            if refusal(exc) is not None:  # the disk, not the store (a full disk cannot give the WAL its memory map)
+                msg = (f"state store {p} cannot be opened: its disk refuses ({exc}; full?); free space in {p.parent} "
+                       f"and start again (the store is unchanged)")
+            else:
+                msg = f"state store {p} is not a readable tops store ({exc}); refusing to start"
             raise StoreError(msg) from None
         # an older tops refuses schema 2 (it would not see the appended states and would continue from older ones)
         readable = {str(SCHEMA_VERSION), "1"} if readonly else {str(SCHEMA_VERSION)}  # read-only: read as it is
