@@ -252,12 +252,17 @@ class DaemonProcess:
 class Subscriber:
     """``mosquitto_sub -v`` in the background; ``lines`` collects ``(topic, payload)`` as they arrive."""
 
-    def __init__(self, port: int, topic: str, *, user: tuple[str, str] | None = None, qos: int = 1) -> None:
+    def __init__(self, port: int, topic: str, *, user: tuple[str, str] | None = None, qos: int = 1,
+                 session: str | None = None) -> None:
+        """``session``: a client id whose session the broker keeps (``-c``): messages for it wait while it is away
+        (with a broker that persists them, across the broker's restart too)."""
         import threading
 
         cmd = ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-t", topic, "-q", str(qos), "-v"]
         if user:
             cmd += ["-u", user[0], "-P", user[1]]
+        if session:
+            cmd += ["-c", "-i", session]
         self.port, self.user = port, user
         self.lines: list[tuple[str, str]] = []
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)

@@ -338,6 +338,8 @@ class Daemon:
             os._exit(1)
         log.info("%s received", signal.Signals(sig).name)
         self.stopping.set()
+        if self.durable is not None:
+            self.durable.disk.interrupt()  # writes waiting for a full disk give up: the drain ends
 
     def output_topic(self, name: str) -> str:
         """The topic of a stream's releases (made when needed: a record keeps no topic strings)."""
