@@ -283,7 +283,9 @@ def test_a_qos0_flood_through_the_shipped_broker_never_stalls_the_releases(mosqu
     mport = free_port()
     cfg = daemon_config(tmp_path, broker.port, mport, mqtt={"username": "svc/tops", "password_file": str(pw),
                                                             "client_id": "tops-flood", "keepalive": 30},
-                        output={"status_topic": ""}, streams={"template": {"holdout": 50}})
+                        # small queues in the daemon: the same stall, less to process and publish afterwards
+                        input={"max_queue": 2000}, output={"status_topic": "", "publish_queue": 5000},
+                        streams={"template": {"holdout": 50}})
     daemon = DaemonProcess(cfg, mport, tmp_path)
     consumer = ("svc/consumer", ACL_USERS["svc/consumer"])
     sub = Subscriber(broker.port, "dp/meter-b", user=consumer)
@@ -336,13 +338,14 @@ def test_readings_the_broker_dropped_during_a_flood_come_once_nothing_is_in_flig
     broker = mosquitto_small_queue
     broker_log = broker.conf.with_suffix(".log")
     mport = free_port()
-    cfg = daemon_config(tmp_path, broker.port, mport, output={"status_topic": ""})
+    cfg = daemon_config(tmp_path, broker.port, mport, output={"status_topic": ""}, mqtt={"timeout": 3.0},
+                        input={"max_queue": 500})  # most of the flood counted `overload`: read, not decoded
     daemon = DaemonProcess(cfg, mport, tmp_path)
     sub = Subscriber(broker.port, "dp/b")
     try:
         daemon.wait_connected()
         sub.wait_ready("dp/b")
-        flood = start_flood(broker.port, 6.0, "meters/garbage/reading", payload="x")
+        flood = start_flood(broker.port, 4.0, "meters/garbage/reading", payload="x")
         wait_for(lambda: BROKER_DROPS in broker_log.read_text(), 60, what="the broker dropping what it owes")
         publish(broker.port, "meters/b/reading", [f'{{"value": {i % 90}, "seq": {i}}}' for i in range(100)])
         flood.communicate(timeout=120)
