@@ -621,7 +621,10 @@ class MqttLink:
                     probes.append(asyncio.ensure_future(client.unsubscribe(PROBE_TOPIC, timeout=math.inf)))
         finally:
             for probe in probes:
-                probe.cancel()
+                if not probe.done():
+                    probe.cancel()
+                elif not probe.cancelled():
+                    probe.exception()  # retrieved: a probe that failed with the connection is not an error to log
 
     def _counting(self) -> bool:
         """Whether time without an answer counts now: everything received was read, and reading is not paused."""
