@@ -75,7 +75,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "tls_insecure": Field("bool", False, "Skip the broker host name check (testing only)."),
         "reconnect_min": Field("float", 0.5, "First reconnect delay in seconds (doubles per failure).", low=0.01),
         "reconnect_max": Field("float", 30.0, "Cap of the reconnect delay in seconds (jitter: 50-100%).", low=0.01),
-        "timeout": Field("float", 10.0, "Seconds to wait for connect/subscribe answers.", low=0.1),
+        "timeout": Field("float", 10.0, "Seconds to wait for connect/subscribe answers, and for the broker to "
+                         "acknowledge one of the messages in flight (none for that long: the connection is made "
+                         "again and they are sent again).", low=0.1),
         "session": Field("choice", "persistent", "`persistent`: the broker keeps the subscriptions and queues QoS 1 "
                          "readings while the daemon is down (clean session off; needs a fixed `client_id`, "
                          "default `tops-<host name>`); `clean`: a new session at every connection.",

@@ -193,7 +193,8 @@ class Daemon:
             self.link = MqttLink(
                 cfg.mqtt, topics=cfg.input.topics if cfg.input.source == "mqtt" else [], in_qos=cfg.input.qos,
                 out_qos=cfg.output.qos, pubq=self.pubq, metrics=m, on_messages=self.on_mqtt_messages,
-                max_batch=cfg.input.max_batch, inflight=cfg.output.inflight, max_queue=cfg.input.max_queue)
+                max_batch=cfg.input.max_batch, inflight=cfg.output.inflight, max_queue=cfg.input.max_queue,
+                ack_timeout=cfg.mqtt.timeout)
             if cfg.input.source == "mqtt":
                 self.topics = TopicRouter(cfg.input.topics)
                 m.watch(m.incoming_queue, self.link.queue_depth)
