@@ -54,7 +54,7 @@ def test_promtool_accepts_the_scrape_config_and_the_rules_and_their_tests() -> N
     r = _run([PROMTOOL, "check", "config", "prometheus.yml"], cwd=DEPLOY)
     assert r.returncode == 0, r.stdout + r.stderr
     r = _run([PROMTOOL, "check", "rules", "tops.rules.yml"], cwd=DEPLOY)
-    assert r.returncode == 0 and "8 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "9 rules found" in r.stdout, r.stdout + r.stderr
     r = _run([PROMTOOL, "test", "rules", "tops.rules.test.yml"], cwd=DEPLOY)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
 
