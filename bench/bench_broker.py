@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import MOSQUITTO, free_port, wait_port
+from tests.support import MOSQUITTO, free_port, wait_port
 
 SETTINGS = {
     "stock (autosave_interval 1800)": "autosave_interval 1800\n",

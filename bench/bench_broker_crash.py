@@ -19,8 +19,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import ACL_USERS, Broker, DaemonProcess, daemon_config, deploy_broker_conf, free_port, wait_for
-from tests.test_daemon_faults import DeviceFeeder
+from tests.support import (
+    ACL_USERS,
+    Broker,
+    DaemonProcess,
+    DeviceFeeder,
+    daemon_config,
+    deploy_broker_conf,
+    free_port,
+    wait_for,
+)
 
 DEVICES = ("meter-a", "meter-b")
 

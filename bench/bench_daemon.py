@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import Broker, free_port, scrape, wait_for, write_toml  # noqa: E402
+from tests.support import Broker, free_port, scrape, wait_for, write_toml  # noqa: E402
 
 STATE = True  # --no-state: without durable state (as before issue 4)
 BROKER_INFLIGHT = 0  # --broker-inflight: Mosquitto's max_inflight_messages (0: no limit; Mosquitto's default is 20)

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import Broker, free_port, scrape, wait_for, write_toml  # noqa: E402
+from tests.support import Broker, free_port, scrape, wait_for, write_toml  # noqa: E402
 
 
 def vm(pid: int, field: str) -> int:

@@ -24,14 +24,7 @@ from stream.core.config import build_config
 from stream.core.errors import ConfigFileError
 from stream.daemon.service import Daemon
 from stream.device.client import ControlError, Device, categorical_control, parse_control
-from tests.conftest import DaemonProcess, Subscriber, free_port, identity_from_log, wait_for, write_toml
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def tops(*args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "stream.cli", *args], cwd=ROOT, input=stdin, capture_output=True,
-                          timeout=timeout, check=False)
+from tests.support import ROOT, DaemonProcess, Subscriber, free_port, identity_from_log, tops, wait_for, write_toml
 
 
 def central_doc(tmp: Path, **categorical: object) -> dict:

@@ -31,7 +31,7 @@ from operators.categorical import (
     unary_perturb_many,
 )
 from operators.noise import KeyedGenerator
-from tests.test_local_privacy import worst_ratio
+from tests.support import worst_ratio
 
 N = 300_000
 X0, X1 = 1, 2

@@ -13,48 +13,26 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from tests.conftest import TEMPLATE, identity_from_log, wait_for
-from tests.test_daemon_e2e import check_against_replay
-from tests.test_state_restart import stdin_config, tops
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-class Run:
-    """``tops run`` on a stdin pipe, its releases collected as they come out."""
-
-    def __init__(self, cfg: Path, log: Path) -> None:
-        self.log = log
-        self.proc = subprocess.Popen([sys.executable, "-m", "stream.cli", "run", "--config", str(cfg)], cwd=ROOT,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("wb"))
-        self.releases: list[dict] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            r = json.loads(line)
-            if "tick" in r and "value" in r:
-                self.releases.append(r)
-
-    def send(self, stream: str, values: np.ndarray) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(b"".join(f"{stream},{v:g}\n".encode() for v in values))
-        self.proc.stdin.flush()
+from tests.support import (
+    TEMPLATE,
+    StdinRun,
+    check_against_replay,
+    identity_from_log,
+    stdin_config,
+    tops,
+    wait_for,
+)
 
 
 def test_intake_goes_on_while_a_checkpoint_waits_for_the_store_and_kill9_then_loses_nothing(tmp_path: Path) -> None:
     values = np.random.default_rng(21).integers(0, 90, 260).astype(float)
     cfg = stdin_config(tmp_path, checkpoint_interval=0.2)
-    run = Run(cfg, tmp_path / "run1.log")
+    run = StdinRun(cfg, tmp_path / "run1.log")
     db = tmp_path / "state" / "state.db"
     locker: sqlite3.Connection | None = None
     try:

@@ -3,28 +3,21 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from operators import ToPS, ToPSConfig
+from tests.support import tops_text
 
 KEY_HEX = "5a" * 32
-
-
-def tops(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stream.cli", *map(str, args)], capture_output=True, text=True, timeout=120
-    )
 
 
 def test_replay_contract_matches_the_operator(tmp_path: Path) -> None:
     x = np.random.default_rng(0).gamma(2.0, 4.0, 3000).round()
     np.save(tmp_path / "in.npy", x)
-    res = tops(
+    res = tops_text(
         "replay",
         tmp_path / "in.npy",
         "--epsilon",
@@ -64,8 +57,8 @@ def test_text_inputs_equal_npy(tmp_path: Path, fmt: str) -> None:
         (tmp_path / "in.jsonl").write_text("".join(json.dumps({"value": v}) + "\n" for v in x))
     np.save(tmp_path / "in.npy", x)
     common = ["--epsilon", 1, "--bound", 60, "--holdout", 100, "--range", 256, "--key", KEY_HEX]
-    assert tops("replay", tmp_path / f"in.{fmt}", *common, "--out", tmp_path / "a.npy").returncode == 0
-    assert tops("replay", tmp_path / "in.npy", *common, "--out", tmp_path / "b.npy").returncode == 0
+    assert tops_text("replay", tmp_path / f"in.{fmt}", *common, "--out", tmp_path / "a.npy").returncode == 0
+    assert tops_text("replay", tmp_path / "in.npy", *common, "--out", tmp_path / "b.npy").returncode == 0
     assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"), equal_nan=True)
 
 
@@ -80,7 +73,7 @@ def test_text_inputs_equal_npy(tmp_path: Path, fmt: str) -> None:
 )
 def test_bad_csv_is_refused_naming_the_first_bad_line(tmp_path: Path, content: str, expected: str) -> None:
     (tmp_path / "in.csv").write_text(content)
-    res = tops("replay", tmp_path / "in.csv", "--epsilon", 1, "--bound", 10, "--out", tmp_path / "o.npy")
+    res = tops_text("replay", tmp_path / "in.csv", "--epsilon", 1, "--bound", 10, "--out", tmp_path / "o.npy")
     assert res.returncode == 2
     assert expected in res.stderr
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
@@ -89,16 +82,16 @@ def test_bad_csv_is_refused_naming_the_first_bad_line(tmp_path: Path, content: s
 
 def test_bad_jsonl_and_npy(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_text('{"value": 1}\n{"value": "7"}\n')
-    res = tops("replay", tmp_path / "a.jsonl", "--epsilon", 1, "--bound", 10, "--out", tmp_path / "o.npy")
+    res = tops_text("replay", tmp_path / "a.jsonl", "--epsilon", 1, "--bound", 10, "--out", tmp_path / "o.npy")
     assert res.returncode == 2 and 'a.jsonl line 2: "value" must be a number' in res.stderr
     np.save(tmp_path / "b.npy", np.array([1.0, np.nan]))
-    res = tops("replay", tmp_path / "b.npy", "--epsilon", 1, "--bound", 10, "--out", tmp_path / "o.npy")
+    res = tops_text("replay", tmp_path / "b.npy", "--epsilon", 1, "--bound", 10, "--out", tmp_path / "o.npy")
     assert res.returncode == 2 and "b.npy element 1: not a finite number" in res.stderr
 
 
 def test_values_above_bound_are_clamped_and_counted(tmp_path: Path) -> None:
     np.save(tmp_path / "in.npy", np.array([1.0, 50.0, 3.0, 999.0] * 100))
-    res = tops(
+    res = tops_text(
         "replay",
         tmp_path / "in.npy",
         "--epsilon",
@@ -133,7 +126,7 @@ def test_wrong_arguments_print_one_line(tmp_path: Path, args: list[str], expecte
     for k, v in zip(args[::2], args[1::2], strict=True):
         base[k] = v
     flat = [t for kv in base.items() for t in kv]
-    res = tops("replay", tmp_path / "in.npy", *flat, "--out", tmp_path / "o.npy")
+    res = tops_text("replay", tmp_path / "in.npy", *flat, "--out", tmp_path / "o.npy")
     assert res.returncode == 2
     assert expected in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
@@ -147,7 +140,7 @@ def test_key_file_derivation_matches_stream_keys(tmp_path: Path) -> None:
     assert (kf.stat().st_mode & 0o777) == 0o600
     x = np.random.default_rng(2).integers(0, 9, 500).astype(float)
     np.save(tmp_path / "in.npy", x)
-    res = tops(
+    res = tops_text(
         "replay",
         tmp_path / "in.npy",
         "--epsilon",
@@ -175,8 +168,8 @@ def test_key_file_derivation_matches_stream_keys(tmp_path: Path) -> None:
 
 
 def test_simulate_then_replay_then_evaluate(tmp_path: Path) -> None:
-    assert tops("simulate", "--ticks", 5000, "--format", "npy", "--out", tmp_path / "sim.npy").returncode == 0
-    res = tops(
+    assert tops_text("simulate", "--ticks", 5000, "--format", "npy", "--out", tmp_path / "sim.npy").returncode == 0
+    res = tops_text(
         "replay",
         tmp_path / "sim.npy",
         "--epsilon",
@@ -191,7 +184,7 @@ def test_simulate_then_replay_then_evaluate(tmp_path: Path) -> None:
         tmp_path / "rel.npy",
     )
     assert res.returncode == 0, res.stderr
-    res = tops("evaluate", tmp_path / "sim.npy", tmp_path / "rel.npy", "--range", 4096, "--repetitions", 3)
+    res = tops_text("evaluate", tmp_path / "sim.npy", tmp_path / "rel.npy", "--range", 4096, "--repetitions", 3)
     assert res.returncode == 0, res.stderr
     rows = {line.split()[0]: line.split() for line in res.stdout.splitlines()[2:]}
     mse_rel, mse_zero = float(rows["releases"][1]), float(rows["always"][2])
@@ -205,7 +198,7 @@ def test_evaluate_plot(tmp_path: Path) -> None:
     rel = x + 0.5
     rel[:100] = np.nan
     np.save(tmp_path / "r.npy", rel)
-    res = tops(
+    res = tops_text(
         "evaluate", tmp_path / "t.npy", tmp_path / "r.npy", "--plot", tmp_path / "fig.png", "--range", 100
     )
     assert res.returncode == 0, res.stderr

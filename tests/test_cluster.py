@@ -20,9 +20,7 @@ import pytest
 from stream.core.config import build_config, build_operator, load_config
 from stream.core.errors import ConfigFileError
 from stream.core.keys import derive_stream_key, load_master_key
-from tests.conftest import NATS_SERVER, TEMPLATE, NatsCluster, free_port, scrape, wait_for, write_toml
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import NATS_SERVER, ROOT, TEMPLATE, NatsCluster, free_port, scrape, wait_for, write_toml
 
 
 @pytest.mark.parametrize(("doc", "line"), [

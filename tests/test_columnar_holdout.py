@@ -7,7 +7,6 @@ reused), and a row's key never shows."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pickle
 import threading
@@ -20,6 +19,7 @@ from operators.config import ToPSConfig
 from operators.tops import ToPS
 from stream.core.router import Router
 from stream.state.records import Lent, record_state, record_states
+from tests.support import key_of
 
 CONFIGS = {
     "calibrated": ToPSConfig(epsilon=1.0, bound=5000, holdout=700, query_range=1024, fanout=4, holdout_grid="compact"),
@@ -29,10 +29,6 @@ CONFIGS = {
                              holdout_grid="compact"),
     "long": ToPSConfig(epsilon=1.0, bound=5000, holdout=3000, query_range=1 << 16, fanout=16, holdout_grid="compact"),
 }
-
-
-def key_of(name: str) -> bytes:
-    return hashlib.sha256(name.encode()).digest()
 
 
 def readings(rng: np.random.Generator, n: int, bound: float) -> np.ndarray:

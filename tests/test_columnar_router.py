@@ -4,7 +4,6 @@ a failing pass fails its own streams only."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 
 import numpy as np
@@ -14,23 +13,9 @@ from operators.columnar import RowOperator
 from operators.config import ToPSConfig
 from operators.tops import ToPS
 from stream.core.router import Router
+from tests.support import feed_router, key_of
 
 CFG = ToPSConfig(epsilon=1.0, bound=100, holdout=20, query_range=256, fanout=4)
-
-
-def key_of(name: str) -> bytes:
-    return hashlib.sha256(name.encode()).digest()
-
-
-def run(router: Router, feed: list[tuple[str, float]], step: int) -> dict[str, list[tuple[int, float]]]:
-    got: dict[str, list[tuple[int, float]]] = {}
-    for i, (name, v) in enumerate(feed):
-        rec = router.record(name)
-        assert router.add(rec, v, None, None, 0.0) == "ok"
-        if (i + 1) % step == 0 or i + 1 == len(feed):
-            for b in router.flush():
-                got.setdefault(b.record.name, []).extend(zip(b.ticks, b.values, strict=True))
-    return got
 
 
 @pytest.mark.parametrize("step", [1, 7, 500])
@@ -40,7 +25,7 @@ def test_rows_release_what_each_stream_releases_alone(step: int) -> None:
     feed = [(names[int(rng.integers(len(names)))], float(rng.uniform(-5, 120))) for _ in range(3000)]
     router = Router(lambda name: ToPS(CFG, key_of(name)), 100)
     router.use_columns(capacity=4)
-    got = run(router, feed, step)
+    got = feed_router(router, feed, step)
     releasing = [rec for rec in router.streams.values() if rec.phase == "releasing"]
     assert releasing and all(type(rec.operator) is RowOperator for rec in releasing)
     assert router.pool is not None and len(router.pool) == len(releasing)
@@ -59,12 +44,12 @@ def test_evicted_streams_give_their_rows_back() -> None:
     router = Router(lambda name: ToPS(CFG, key_of(name)), 100)
     router.use_columns()
     feed = [(f"m{i % 10}", 3.0) for i in range(400)]
-    run(router, feed, 50)
+    feed_router(router, feed, 50)
     assert router.pool is not None and len(router.pool) == 10
     rows = sorted(rec.operator.row for rec in router.streams.values())
     router.evict([f"m{i}" for i in range(5)])
     assert len(router.pool) == 5
-    run(router, [(f"n{i % 5}", 4.0) for i in range(200)], 50)  # five new streams take the five freed rows
+    feed_router(router, [(f"n{i % 5}", 4.0) for i in range(200)], 50)  # five new streams take the five freed rows
     assert len(router.pool) == 10 and router.pool.rows == 10
     assert sorted(rec.operator.row for rec in router.streams.values()) == rows
 
@@ -72,7 +57,7 @@ def test_evicted_streams_give_their_rows_back() -> None:
 def test_a_failing_pass_fails_its_streams_only(caplog: pytest.LogCaptureFixture) -> None:
     router = Router(lambda name: ToPS(CFG, key_of(name)), 100)
     router.use_columns()
-    run(router, [(f"m{i % 4}", 5.0) for i in range(100)], 10)  # four streams releasing (rows)
+    feed_router(router, [(f"m{i % 4}", 5.0) for i in range(100)], 10)  # four streams releasing (rows)
     assert router.pool is not None
 
     def broken(rows: np.ndarray, values: np.ndarray, **kwargs: object) -> np.ndarray:
@@ -80,7 +65,7 @@ def test_a_failing_pass_fails_its_streams_only(caplog: pytest.LogCaptureFixture)
 
     router.pool.process = broken  # type: ignore[method-assign]
     with caplog.at_level(logging.ERROR, logger="tops.router"):
-        got = run(router, [("m0", 1234.5), ("m1", 5.0), ("fresh", 6.0)], 3)
+        got = feed_router(router, [("m0", 1234.5), ("m1", 5.0), ("fresh", 6.0)], 3)
     assert got == {}
     assert router.streams["m0"].failed and router.streams["m1"].failed
     assert not router.streams["m2"].failed and not router.streams["fresh"].failed  # untouched, in its holdout

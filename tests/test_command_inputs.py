@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 
 from stream import cli
-from tests.test_config_ranges import short_id, watchdog
-from tests.test_hostile_input import HOSTILE_SCALARS, HUGE
+from tests.support import HOSTILE_SCALARS, HUGE, short_id, watchdog
 
 KEY = "5a" * 32
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -107,9 +106,8 @@ def test_query_live_with_a_retained_status_out_of_range_returns(mosquitto, fanou
     import subprocess
     import sys
 
-    from tests.conftest import publish
+    from tests.support import ROOT, publish
 
-    root = Path(__file__).resolve().parents[1]
     retained = subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(mosquitto.port), "-t", "dp/s/status",
                                "-q", "1", "-r", "-m", status({"holdout": 10, "query_range": 16, "fanout": fanout})],
                               capture_output=True, timeout=60, check=False)
@@ -117,7 +115,7 @@ def test_query_live_with_a_retained_status_out_of_range_returns(mosquitto, fanou
     query = subprocess.Popen(
         [sys.executable, "-m", "stream.cli", "query", "--host", "127.0.0.1", "--port", str(mosquitto.port),
          "--releases", "30", "--seconds", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert query.stderr is not None and "listening on" in query.stderr.readline()
         assert publish(mosquitto.port, "dp/s", releases(range(10, 40))).returncode == 0

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import csv
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import tops
 
 
-def tops(*args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "stream.cli", "compare-ranges", *args], cwd=ROOT,
-                          capture_output=True, timeout=300, check=False)
+def compare_ranges(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return tops("compare-ranges", *args, timeout=300)
 
 
 def rows(path: Path) -> list[dict[str, str]]:
@@ -25,7 +23,7 @@ def rows(path: Path) -> list[dict[str, str]]:
 def test_quick_run_writes_the_csv_and_the_same_seed_gives_the_same_bytes(tmp_path: Path) -> None:
     a, b, c = tmp_path / "a.csv", tmp_path / "b.csv", tmp_path / "c.csv"
     for out, seed in ((a, "1"), (b, "1"), (c, "2")):
-        r = tops("--quick", "--seed", seed, "--out", str(out))
+        r = compare_ranges("--quick", "--seed", seed, "--out", str(out))
         assert r.returncode == 0, r.stderr.decode()
     assert a.read_bytes() == b.read_bytes() and a.read_bytes() != c.read_bytes()
     got = rows(a)
@@ -41,8 +39,8 @@ def test_every_mechanism_with_a_closed_form_matches_it_and_the_thesis_tree_is_no
     the consistent tree is never worse than the tree without consistency nor than the thesis's tree at the same
     stated eps (which is not even eps-DP)."""
     out = tmp_path / "fvt.csv"
-    r = tops("--experiment", "flat-vs-tree", "--epsilons", "1", "--structures", "400", "--queries", "10", "--out",
-             str(out))
+    r = compare_ranges("--experiment", "flat-vs-tree", "--epsilons", "1", "--structures", "400", "--queries", "10",
+                       "--out", str(out))
     assert r.returncode == 0, r.stderr.decode()
     got = rows(out)
     for method in ("central-flat", "central-tree", "central-tree-consistent"):
@@ -59,14 +57,15 @@ def test_every_mechanism_with_a_closed_form_matches_it_and_the_thesis_tree_is_no
 def test_local_mechanisms_match_their_closed_forms_and_coco_is_consistent_where_the_poster_says(
         tmp_path: Path) -> None:
     out = tmp_path / "l.csv"
-    r = tops("--experiment", "local", "--epsilons", "1", "--structures", "100", "--queries", "10", "--out", str(out))
+    r = compare_ranges("--experiment", "local", "--epsilons", "1", "--structures", "100", "--queries", "10",
+                       "--out", str(out))
     assert r.returncode == 0, r.stderr.decode()
     for method in ("local-flat", "local-tree"):
         mine = [x for x in rows(out) if x["method"] == method]
         ratio = sum(float(x["rmse"]) ** 2 for x in mine) / sum(float(x["closed_form_rmse"]) ** 2 for x in mine)
         assert 0.8 < ratio < 1.2, (method, ratio)  # 100 releases per setting, 5 settings: sd about 6%
     co = tmp_path / "co.csv"
-    assert tops("--experiment", "coco", "--out", str(co)).returncode == 0
+    assert compare_ranges("--experiment", "coco", "--out", str(co)).returncode == 0
     emd = {(x["method"], x["domain"]): float(x["rmse"]) for x in rows(co)}
     # the poster's Table 4: top-down beats bottom-up at levels 0 and 1; and it never loses to per-node least
     # squares at the root
@@ -80,5 +79,5 @@ def test_local_mechanisms_match_their_closed_forms_and_coco_is_consistent_where_
     (["--dataset", "taxi"], "unknown dataset 'taxi'"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args: list[str], line: str) -> None:
-    r = tops(*args)
+    r = compare_ranges(*args)
     assert r.returncode == 2 and line in r.stderr.decode() and len(r.stderr.decode().strip().splitlines()) == 1

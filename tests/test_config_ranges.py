@@ -7,9 +7,7 @@ without bound or raises anything else."""
 from __future__ import annotations
 
 import math
-import signal
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,32 +16,9 @@ from operators.config import FANOUT_MAX, QUERY_RANGE_MAX, WINDOW_MAX, ConfigErro
 from operators.error_bar import NoiseModel
 from stream.core.config import build_config
 from stream.core.errors import ConfigFileError
+from tests.support import short_id, watchdog
 
 HUGE = 10**400  # an integer Python parses from a 401-digit JSON number
-
-
-def short_id(value: Any) -> str:
-    return repr(value)[:12]
-
-
-class Hung(Exception):
-    """The call did not return within its watchdog."""
-
-
-@contextmanager
-def watchdog(seconds: int = 30) -> Iterator[None]:
-    """Stop the call inside after ``seconds`` (a hang detector, not a speed assertion)."""
-
-    def stop(signum: int, frame: Any) -> None:
-        raise Hung(f"no return within {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def refused(make: Callable[[], Any], name: str) -> ConfigError:

@@ -4,7 +4,6 @@ same streams, and nothing the writer does may change what a stream releases late
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 
@@ -14,6 +13,7 @@ from operators.config import ToPSConfig
 from operators.tops import ToPS
 from stream.core.router import Router
 from stream.state.records import Lent, record_state, record_states
+from tests.support import key_of
 
 
 def lent_op(state: tuple[Lent, int]) -> ToPS | None:
@@ -28,10 +28,6 @@ def state_of(state: tuple[Lent, int]) -> dict:
     return lent.state(i)
 
 CFG = ToPSConfig(epsilon=1.0, bound=100, holdout=60, query_range=256, fanout=4)
-
-
-def key_of(name: str) -> bytes:
-    return hashlib.sha256(name.encode()).digest()
 
 
 def test_the_writer_and_the_event_loop_race_on_lent_holdouts() -> None:

@@ -4,8 +4,6 @@ consistency of every release, snapshot and restore, and `tops replay-categorical
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,16 +13,10 @@ import pytest
 from operators.countofcounts_stream import CountOfCountsConfig, CountOfCountsRelease
 from stream.core.config import build_config
 from stream.core.errors import ConfigFileError
-from tests.conftest import identity_from_log, write_toml
+from tests.support import identity_from_log, tops, write_toml
 
-ROOT = Path(__file__).resolve().parent.parent
 LEAVES = ["north/a", "north/b", "north/c", "south/d", "south/e"]
 J = 8
-
-
-def tops(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "stream.cli", *args], cwd=ROOT, input=stdin, capture_output=True,
-                          timeout=120, check=False)
 
 
 COCO = {"epsilon": 1.0, "max_size": J, "leaves": LEAVES}

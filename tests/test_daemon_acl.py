@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import (
+from tests.support import (
     ACL_USERS,
+    ROOT,
     DaemonProcess,
     Subscriber,
     daemon_config,
@@ -27,7 +28,6 @@ from tests.conftest import (
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 DEVICE_A = ("meter-a", ACL_USERS["meter-a"])
 DEVICE_B = ("meter-b", ACL_USERS["meter-b"])
 CONSUMER = ("svc/consumer", ACL_USERS["svc/consumer"])

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import (
+from tests.support import (
     TEMPLATE,
     DaemonProcess,
     Subscriber,
+    check_against_replay,
     daemon_config,
-    find_identity,
     free_port,
     publish,
     wait_for,
@@ -23,34 +21,6 @@ from tests.conftest import (
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def replay(values: np.ndarray, key_file: Path, stream: str, tmp: Path, identity: str | None = None,
-           grid: str = "exact", holdout: int = TEMPLATE["holdout"]) -> np.ndarray:
-    """`tops replay` by subprocess with the daemon's master key file and identity (found under ``tmp`` if None), and
-    the template's parameters with this holdout grid and holdout."""
-    identity = identity or find_identity(tmp)
-    src, out = tmp / f"{stream}.npy", tmp / f"{stream}.out.npy"
-    np.save(src, values)
-    cmd = [sys.executable, "-m", "stream.cli", "replay", str(src), "--epsilon", str(TEMPLATE["epsilon"]),
-           "--bound", str(TEMPLATE["bound"]), "--holdout", str(holdout),
-           "--range", str(TEMPLATE["query_range"]), "--fanout", str(TEMPLATE["fanout"]),
-           "--key-file", str(key_file), "--identity", identity, "--stream", stream, "--out", str(out),
-           "--holdout-grid", grid]
-    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
-    return np.load(out)
-
-
-def check_against_replay(releases: list[dict], values: np.ndarray, key_file: Path, stream: str, tmp: Path,
-                         identity: str | None = None, grid: str = "exact", holdout: int = TEMPLATE["holdout"]) -> int:
-    """Released ticks and values of ``stream`` equal the replay of ``values``; returns the number released."""
-    expected = replay(values, key_file, stream, tmp, identity, grid, holdout)
-    got = {r["tick"]: r["value"] for r in releases if r["stream"] == stream}
-    want = {t: float(v) for t, v in enumerate(expected) if not np.isnan(v)}
-    assert sorted(got) == sorted(want), f"stream {stream}: released ticks differ from replay"
-    assert all(got[t] == want[t] for t in want), f"stream {stream}: released values differ from replay"
-    return len(want)
 
 
 def test_mqtt_releases_equal_replay_and_metrics_match(mosquitto, tmp_path: Path) -> None:

@@ -5,16 +5,24 @@ from __future__ import annotations
 import json
 import os
 import random
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import DaemonProcess, Subscriber, daemon_config, free_port, publish, publish_file, wait_for
-from tests.test_daemon_e2e import check_against_replay
-from tests.test_local_device import NUMBER
+from tests.support import (
+    NUMBER,
+    DaemonProcess,
+    DeviceFeeder,
+    Subscriber,
+    check_against_replay,
+    daemon_config,
+    free_port,
+    publish,
+    publish_file,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -146,43 +154,6 @@ def test_period_releases_made_while_disconnected_go_out_on_reconnect(mosquitto, 
     assert os.path.getsize(tmp_path / "out.jsonl") > 0
 
 
-class DeviceFeeder(threading.Thread):
-    """One device (its own account, a persistent session, QoS 1) publishing ``{"value", "ts", "seq"}`` readings of
-    its stream at a steady pace (``seq`` False: without ``seq``); every ``ts`` is distinct, so a release names the
-    reading it came from. paho keeps what is published while the broker is away and sends it, and what was in
-    flight, again after the reconnect."""
-
-    T0 = 1767225600
-
-    def __init__(self, port: int, user: tuple[str, str], n: int, rate: float, *, seq: bool = True) -> None:
-        super().__init__(daemon=True)
-        import paho.mqtt.client as mqtt
-
-        self.stream, self.n, self.pause, self.seq = user[0], n, 1.0 / rate, seq
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"device-{user[0]}",
-                                  clean_session=False)
-        self.client.username_pw_set(*user)
-        self.client.reconnect_delay_set(0.05, 0.5)
-        self.client.connect("127.0.0.1", port)
-        self.client.loop_start()
-        self.infos: list = []
-
-    def run(self) -> None:
-        for i in range(self.n):
-            reading = {"value": float(i % 90), "ts": self.T0 + i}
-            body = json.dumps({**reading, "seq": i} if self.seq else reading)
-            self.infos.append(self.client.publish(f"meters/{self.stream}/reading", body, qos=1))
-            time.sleep(self.pause)
-
-    def confirmed(self) -> bool:
-        return all(info._published for info in self.infos)  # private: is_published() raises for a message
-        # published while the broker was away, which paho still sends after the reconnect
-
-    def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
-
-
 def test_a_broker_sigkill_never_counts_a_reading_with_seq_twice(mosquitto_acl, tmp_path: Path) -> None:
     """Debian's Mosquitto with the shipped drop-in (persistence, `autosave_interval 1`) is killed (SIGKILL) twice
     while two devices send readings with `seq` at QoS 1. A restarted broker restores its last save, up to a second
@@ -190,7 +161,7 @@ def test_a_broker_sigkill_never_counts_a_reading_with_seq_twice(mosquitto_acl, t
     queued then), under packet ids it gives to new messages as well; the devices send again what they had in flight.
     The daemon drops those repeats by `seq` (counted `duplicate`): no reading makes two ticks. (Without `seq` such
     repeats cannot be told from new readings: see the README's remaining windows.)"""
-    from tests.conftest import ACL_USERS
+    from tests.support import ACL_USERS
 
     broker = mosquitto_acl
     pw = tmp_path / "mqtt-password"

@@ -16,26 +16,26 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import (
+from tests.support import (
+    ROOT,
     DaemonProcess,
     Subscriber,
-    _broker,
     daemon_config,
     free_port,
     publish,
     publish_file,
+    running_broker,
     wait_for,
 )
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def mosquitto_unbounded(tmp_path: Path):
     """A broker that never drops QoS 0 messages for a connected client (`max_queued_messages 0`): what the daemon
     does not count as processed or overload cannot have been lost in the broker."""
-    yield from _broker(tmp_path, "allow_anonymous true\nmax_queued_messages 0\n")
+    yield from running_broker(tmp_path, "allow_anonymous true\nmax_queued_messages 0\n")
 
 
 def vm(pid: int, field: str) -> int:
@@ -182,12 +182,6 @@ def test_one_release_per_tick_with_a_small_publish_queue_while_connected(mosquit
         daemon.kill()
 
 
-@pytest.fixture
-def mosquitto_persistent(tmp_path: Path):
-    """A broker that keeps sessions across a restart (persistence on): the consumer's queue survives it."""
-    yield from _broker(tmp_path, f"allow_anonymous true\npersistence true\npersistence_location {tmp_path}/\n")
-
-
 class SessionSubscriber(Subscriber):
     """``mosquitto_sub`` with a persistent session (`-c -i`): what is published while it is away is queued."""
 
@@ -280,7 +274,7 @@ def test_a_qos0_flood_through_the_shipped_broker_never_stalls_the_releases(mosqu
     confirmed by the broker and every reading of the second device is released: the daemon saw that the broker
     stopped answering, and reconnected (before: the publish window stayed full for good, intake waited, and every
     later reading was counted `overload`)."""
-    from tests.conftest import ACL_USERS
+    from tests.support import ACL_USERS
 
     broker = mosquitto_acl
     broker_log = broker.conf.with_suffix(".log")
@@ -332,7 +326,7 @@ def mosquitto_small_queue(tmp_path: Path):
     """A broker whose queue for a client holds 1,000 packets (`max_queued_messages 1000`): full within
     milliseconds of a flood, after which it drops whatever it owes that client, as the shipped broker does at
     100,000."""
-    yield from _broker(tmp_path, "allow_anonymous true\nmax_queued_messages 1000\nmax_inflight_messages 1000\n")
+    yield from running_broker(tmp_path, "allow_anonymous true\nmax_queued_messages 1000\nmax_inflight_messages 1000\n")
 
 
 def test_readings_the_broker_dropped_during_a_flood_come_once_nothing_is_in_flight(mosquitto_small_queue,

@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import identity_from_log, write_toml
+from tests.support import ROOT, identity_from_log, tops_text, write_toml
 
-ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = {"epsilon": 1.0, "bound": 50.0, "holdout": 100, "query_range": 256}
 
 
@@ -25,8 +24,7 @@ def _run(tmp: Path, method: str, data_dir: str, values: np.ndarray) -> subproces
         "metrics": {"port": 0},
     })
     data = "".join(f"m,{v:g}\n" for v in values)
-    return subprocess.run([sys.executable, "-m", "stream.cli", "run", "--config", str(cfg)], input=data,
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return tops_text("run", "--config", cfg, stdin=data, timeout=60)
 
 
 @pytest.mark.parametrize("method", ["flat", "counter", "h16c"])

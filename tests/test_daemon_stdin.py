@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import free_port, identity_from_log, scrape, wait_for, write_toml
+from tests.support import ROOT, free_port, identity_from_log, scrape, wait_for, write_toml
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 PARAMS = ["--holdout", "100", "--range", "256", "--fanout", "4", "--bound", "500"]
 
 

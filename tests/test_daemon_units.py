@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from stream.core.config import build_config
@@ -19,37 +17,9 @@ from stream.core.sinks import PublishQueue
 from stream.core.ticking import PeriodBins, PeriodClock
 from stream.daemon import service as daemon_mod
 from stream.daemon.sources import TopicRouter, backoff_delay
-from tests.test_local_device import NUMBER
+from tests.support import NUMBER, ROOT, FakeOperator
 
 TPL = {"epsilon": 1.0, "bound": 100.0}
-
-
-class FakeOperator:
-    """Holds out ``holdout`` ticks, then releases value + 0.5 (deterministic; tests of the runtime only)."""
-
-    def __init__(self, holdout: int = 2) -> None:
-        self.holdout, self.ticks, self.theta = holdout, 0, None
-        self.seen: list[float] = []
-
-    @property
-    def phase(self) -> str:
-        return "holdout" if self.theta is None else "releasing"
-
-    @property
-    def holdout_left(self) -> int:
-        return max(0, self.holdout - self.ticks)
-
-    def process(self, values: np.ndarray) -> np.ndarray:
-        return np.array([self.process_one(float(v)) for v in values])
-
-    def process_one(self, v: float) -> float:
-        self.seen.append(v)
-        self.ticks += 1
-        if self.ticks <= self.holdout:
-            if self.ticks == self.holdout:
-                self.theta = 10.0
-            return math.nan
-        return v + 0.5
 
 
 # -- configuration -------------------------------------------------------------------------------------------
@@ -107,7 +77,7 @@ def test_deploy_example_config_is_valid(tmp_path: Path) -> None:
     """deploy/tops.toml passes the checks (with its password file present)."""
     import tomllib
 
-    doc = tomllib.loads((Path(__file__).parent.parent / "deploy" / "tops.toml").read_text())
+    doc = tomllib.loads((ROOT / "deploy" / "tops.toml").read_text())
     pw = tmp_path / "pw"
     pw.write_text("secret\n")
     doc["mqtt"]["password_file"] = str(pw)
@@ -123,12 +93,11 @@ def test_config_reference_documents_every_key() -> None:
 
     from stream.core.config import SCHEMA, TEMPLATE_DOCS
 
-    root = Path(__file__).parent.parent
-    spec = importlib.util.spec_from_file_location("docs_reference", root / "docs" / "hooks" / "reference.py")
+    spec = importlib.util.spec_from_file_location("docs_reference", ROOT / "docs" / "hooks" / "reference.py")
     assert spec is not None and spec.loader is not None
     reference = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(reference)
-    page = reference.config_page((root / "docs" / "configuration.md").read_text())
+    page = reference.config_page((ROOT / "docs" / "configuration.md").read_text())
 
     def table(section: str) -> str:
         m = re.search(rf"^## \[{re.escape(section)}\]$(.*?)(?=^## |\Z)", page, flags=re.S | re.M)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import subprocess
-import sys
 import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
@@ -14,8 +12,7 @@ import numpy as np
 import pytest
 
 from stream.commands import datasets
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT, tops_text
 
 # sha256 of the int64 little-endian arrays of dp-cont/dp-cont as the project used them before shipping them
 DIGESTS = {
@@ -23,12 +20,6 @@ DIGESTS = {
     "retail": ("51589b38974a42979ea3941bef96338f2cad70904789dc49153e0b2096fca155", 88_162),
     "star": ("f5b7bd9e55bf7918ff4ba1d70f6323531e2894418376008e1ed4b66213e4aed2", 49_046),
 }
-
-
-def tops(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stream.cli", *map(str, args)], capture_output=True, text=True, timeout=120
-    )
 
 
 @pytest.mark.parametrize("name", sorted(DIGESTS))
@@ -68,19 +59,19 @@ def test_no_test_or_bench_reads_data_beside_the_repository() -> None:
 
 def test_replay_and_evaluate_take_a_data_set_name(tmp_path: Path) -> None:
     out = tmp_path / "star.npy"
-    res = tops("replay", "star", "--epsilon", 1, "--bound", 2088, "--holdout", 4096, "--range", 4096,
+    res = tops_text("replay", "star", "--epsilon", 1, "--bound", 2088, "--holdout", 4096, "--range", 4096,
                "--key", "11" * 32, "--out", out)
     assert res.returncode == 0, res.stderr
     rel = np.load(out)
     assert rel.shape == (49_046,) and np.isnan(rel[:4096]).all() and not np.isnan(rel[4096:]).any()
-    res = tops("evaluate", "star", out, "--range", 4096, "--repetitions", 1)
+    res = tops_text("evaluate", "star", out, "--range", 4096, "--repetitions", 1)
     assert res.returncode == 0, res.stderr
-    res = tops("replay", "nosuchset", "--epsilon", 1, "--bound", 10, "--out", out)
+    res = tops_text("replay", "nosuchset", "--epsilon", 1, "--bound", 10, "--out", out)
     assert res.returncode == 2 and "no such file (nor a shipped data set: dns, retail, star)" in res.stderr
 
 
 def test_compare_takes_a_data_set_name_and_its_bound(tmp_path: Path) -> None:
-    res = tops("compare", "star", "--methods", "tops,zero", "--eps", 1, "--repetitions", 1, "--queries", 20,
+    res = tops_text("compare", "star", "--methods", "tops,zero", "--eps", 1, "--repetitions", 1, "--queries", 20,
                "--range", 4096, "--holdout", 4096, "--no-plot", "--out-dir", tmp_path)
     assert res.returncode == 0, res.stderr
     rows = list(csv.DictReader((tmp_path / "star_compare.csv").open()))

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import (
+from tests.support import (
     ACL_USERS,
     MOSQUITTO,
+    ROOT,
     Broker,
     DaemonProcess,
     Subscriber,
@@ -39,7 +40,6 @@ from tests.conftest import (
     wait_port,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (.ci/run installs it)")
@@ -86,7 +86,7 @@ def test_a_broken_rule_test_fails(tmp_path: Path) -> None:
 
 
 def test_every_metric_the_rules_use_is_exported(mosquitto, tmp_path: Path) -> None:
-    from tests.conftest import scrape
+    from tests.support import scrape
 
     mport = free_port()
     daemon = DaemonProcess(daemon_config(tmp_path, mosquitto.port, mport), mport, tmp_path)

@@ -29,12 +29,12 @@ from stream.state.disk import DiskRefused, DiskRetry, refusal
 from stream.state.journal import Journal
 from stream.state.spill import Spill
 from stream.state.store import Store
-from tests.conftest import (
+from tests.support import (
+    ROOT,
     TEMPLATE,
-    Broker,
     DaemonProcess,
     Subscriber,
-    _write_conf,
+    check_against_replay,
     daemon_config,
     find_identity,
     free_port,
@@ -44,9 +44,7 @@ from tests.conftest import (
     wait_for,
     write_toml,
 )
-from tests.test_daemon_e2e import check_against_replay
 
-ROOT = Path(__file__).resolve().parent.parent
 HOLDOUT = TEMPLATE["holdout"]
 PAGE = 4096
 
@@ -367,17 +365,15 @@ def test_a_full_disk_on_stdin_pauses_intake_releases_nothing_meanwhile_and_loses
 
 @pytest.mark.slow
 def test_a_full_disk_while_the_broker_is_away_keeps_spilled_releases_in_memory_until_written(
-        small_disk: SmallDisk, tmp_path: Path) -> None:
+        small_disk: SmallDisk, mosquitto_persistent, tmp_path: Path) -> None:
     """stdin in, MQTT out, the broker away: releases past ``publish_queue`` go to the spill; the disk is filled
     (six pages left: the journal's 500 lines of 45 bytes fit, their 500 releases of 160 do not) and the spill's
     writes are refused: the releases stay in memory, in order, the checkpoint retries writing them, intake waits.
     Once space
     returns and the broker is back, a subscriber (persistent session) gets every release exactly once, equal to
     ``tops replay``."""
-    port = free_port()
-    conf = _write_conf(tmp_path, port, f"allow_anonymous true\npersistence true\npersistence_location {tmp_path}/\n")
-    broker = Broker(port, conf)
-    broker.start()
+    broker = mosquitto_persistent
+    port = broker.port
     sub = Subscriber(port, "dp/#", session="full-disk-reader")
     daemon: StdinDaemon | None = None
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
 
 _DAEMON = """
 import gc, io, json, os, sys
@@ -124,7 +124,7 @@ def test_tops_run_keeps_the_heap(tmp_path: Path) -> None:
     """`tops run` gives its daemon the keeper (tests that build a daemon in this process do not)."""
     from stream.cli import build_parser
     from stream.daemon import service
-    from tests.conftest import write_toml
+    from tests.support import write_toml
 
     (tmp_path / "k").write_text("11" * 32 + "\n")
     (tmp_path / "k").chmod(0o600)
@@ -157,7 +157,7 @@ def test_a_cluster_worker_keeps_the_heap_too(tmp_path: Path) -> None:
     from stream.cli import build_parser
     from stream.cluster import worker
     from stream.daemon import service
-    from tests.conftest import write_toml
+    from tests.support import write_toml
 
     cfg = write_toml(tmp_path / "w.toml", {
         "input": {"source": "nats"}, "nats": {"servers": ["nats://127.0.0.1:1"]},

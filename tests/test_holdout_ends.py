@@ -7,40 +7,19 @@ batch fails its own streams only."""
 
 from __future__ import annotations
 
-import hashlib
-import logging
-from collections.abc import Callable
-
 import numpy as np
 import pytest
 
-from operators import noise, selection
+from operators import selection
 from operators.columnar import ColumnarRelease
 from operators.config import ToPSConfig
 from operators.noise import DiscreteLaplace, KeyedGenerator, discrete_laplace_one_many
 from operators.tops import ToPS, choose_ends, end_holdouts
 from stream.core.router import Router
-from tests.test_columnar_router import run
+from tests.support import failing_batch, feed_router, holdout_readings, key_of
 
-
-@pytest.fixture(autouse=True)
-def _compiled() -> None:
-    noise._kernel(1 << 16)  # the compiled kernels, as a daemon (which draws often) has them
-    assert noise.compiled_loaded()
-
-
-def key_of(name: str) -> bytes:
-    return hashlib.sha256(name.encode()).digest()
-
-
-def readings(rng: np.random.Generator, n: int, bound: float) -> np.ndarray:
-    """Readings with every kind a holdout meets: integers, half-unit ties, values above the bound and below 0."""
-    kind = rng.integers(0, 4, n)
-    out = rng.integers(0, 100, n).astype(float)
-    out[kind == 1] += 0.5
-    out[kind == 2] = bound * 3
-    out[kind == 3] = -7.25
-    return out
+# the compiled kernels loaded, as a daemon (which draws often) has them
+pytestmark = pytest.mark.usefixtures("compiled_kernels")
 
 
 def ended_together(cfg: ToPSConfig, n: int, seed: int, after: int = 5) -> tuple[list[ToPS], list[ToPS], np.ndarray]:
@@ -48,7 +27,7 @@ def ended_together(cfg: ToPSConfig, n: int, seed: int, after: int = 5) -> tuple[
     readings each through ``process``; returns both sets of operators and the readings."""
     rng = np.random.default_rng(seed)
     keys = [rng.bytes(32) for _ in range(n)]
-    data = readings(rng, n * (cfg.holdout + after), cfg.bound).reshape(n, -1)
+    data = holdout_readings(rng, n * (cfg.holdout + after), cfg.bound).reshape(n, -1)
     alone = [ToPS(cfg, k) for k in keys]
     together = [ToPS(cfg, k) for k in keys]
     ref = [op.process(d) for op, d in zip(alone, data, strict=True)]
@@ -103,7 +82,7 @@ def test_the_small_branch_is_compiled_and_the_others_are_not(monkeypatch: pytest
         rng = np.random.default_rng(n)
         ops = [ToPS(cfg, rng.bytes(32)) for _ in range(n)]
         for op in ops:
-            op.hold(readings(rng, cfg.holdout, cfg.bound))
+            op.hold(holdout_readings(rng, cfg.holdout, cfg.bound))
         calls.clear()
         end_holdouts(ops)
         assert len(calls) == chosen_alone and all(op.phase == "releasing" for op in ops)
@@ -184,11 +163,11 @@ def test_the_router_ends_a_steps_holdouts_together(step: int) -> None:
     names = [f"m{i}" for i in range(90)]
     cfg_of = {name: cfgs[i % 3] for i, name in enumerate(names)}
     rng = np.random.default_rng(step)
-    feed = [(name, float(v)) for _ in range(30) for name, v in zip(names, readings(rng, len(names), 5000),
+    feed = [(name, float(v)) for _ in range(30) for name, v in zip(names, holdout_readings(rng, len(names), 5000),
                                                                   strict=True)]
     router = Router(lambda name: ToPS(cfg_of[name], key_of(name)), 1000)
     router.use_columns(capacity=4)
-    got = run(router, feed, step)
+    got = feed_router(router, feed, step)
     assert router.in_holdout == 0 and all(rec.phase == "releasing" for rec in router.streams.values())
     assert router.ticks_total == len(feed)
     for name in names:
@@ -196,23 +175,6 @@ def test_the_router_ends_a_steps_holdouts_together(step: int) -> None:
         alone = ToPS(cfg_of[name], key_of(name)).process(values)
         assert got[name] == [(t, float(x)) for t, x in enumerate(alone) if x == x], name
         assert router.streams[name].ticks == 30
-
-
-def failing_batch(cfg: ToPSConfig, break_it: Callable[[], None], caplog: pytest.LogCaptureFixture) -> Router:
-    """Four streams of ``cfg`` one reading before their holdout's end; ``break_it`` makes the batched end raise; three
-    of them end in one step (with a new stream beside them): those three fail, logged without a value, no other."""
-    router = Router(lambda name: ToPS(cfg, key_of(name)), 100)
-    router.use_columns()
-    run(router, [(f"m{i % 4}", 5.0) for i in range(4 * (cfg.holdout - 1))], 8)  # four streams with one reading left
-    break_it()
-    with caplog.at_level(logging.ERROR, logger="tops.router"):
-        got = run(router, [("m0", 77.5), ("m1", 5.0), ("m2", 6.0), ("fresh", 6.0)], 4)
-    assert got == {}
-    assert all(router.streams[n].failed for n in ("m0", "m1", "m2"))
-    assert not router.streams["m3"].failed and not router.streams["fresh"].failed
-    assert "77.5" not in caplog.text.replace("choice bug 77.5", "") and "RuntimeError" in caplog.text
-    assert router.in_holdout == 2 and router.failed == 3
-    return router
 
 
 def test_a_failing_batch_fails_its_streams_only(monkeypatch: pytest.MonkeyPatch,
@@ -241,9 +203,9 @@ def test_a_checkpoint_gets_the_states_at_the_cut_of_holdouts_ended_together() ->
     router = Router(lambda name: ToPS(cfgs[int(name[1:]) % 2], key_of(name)), 100)
     router.use_columns()
     rng = np.random.default_rng(9)
-    run(router, [(n, float(rng.integers(0, 90))) for n in names], 80)
+    feed_router(router, [(n, float(rng.integers(0, 90))) for n in names], 80)
     left = [(n, float(rng.integers(0, 90))) for n in names for _ in range(router.streams[n].operator.holdout_left - 2)]
-    run(router, left, 10_000)  # every stream two readings before its holdout's end
+    feed_router(router, left, 10_000)  # every stream two readings before its holdout's end
     assert sum(type(rec.operator) is not ToPS for rec in router.streams.values()) == len(names) // 2  # rows
     for last in (False, True):
         assert all(rec.operator.holdout_left == 1 + (not last) for rec in router.streams.values())
@@ -253,7 +215,7 @@ def test_a_checkpoint_gets_the_states_at_the_cut_of_holdouts_ended_together() ->
         lent = [n for n, s in states.items() if type(s) is tuple and isinstance(s[0], Lent)]
         assert len(lent) == len(names)
         feed = [(n, 50.0) for n in names] + ([(n, 60.0) for n in names] if last else [])
-        run(router, feed, 10_000)  # a reading each that stays; then the ends and a release each
+        feed_router(router, feed, 10_000)  # a reading each that stays; then the ends and a release each
         made = {n: json.dumps(states[n][0].state(states[n][1]), separators=(",", ":")) for n in lent}
         assert made == wants
     assert router.in_holdout == 0
@@ -267,20 +229,18 @@ def test_the_daemon_ends_many_holdouts_in_a_step_as_replay_does(tmp_path, grid: 
     import json
     import subprocess
     import sys
-    from pathlib import Path
 
     from stream.core.keys import derive_stream_key, load_master_key
-    from tests.conftest import identity_from_log
+    from tests.support import ROOT, identity_from_log
 
-    root = Path(__file__).resolve().parent.parent
     params = ["--epsilon", "1", "--holdout", "3", "--range", "256", "--fanout", "4", "--bound", "5000"]
     rng = np.random.default_rng(31)
     names = [f"s{i}" for i in range(300)]
-    values = {n: readings(rng, 7, 5000.0) for n in names}
+    values = {n: holdout_readings(rng, 7, 5000.0) for n in names}
     lines = "".join(f"{n},{float(values[n][i])!r}\n" for i in range(7) for n in names)
     key = tmp_path / "master.key"
     proc = subprocess.run([sys.executable, "-m", "stream.cli", "run", *params, "--holdout-grid", grid, "--key-file",
-                           str(key)], input=lines.encode(), capture_output=True, cwd=root, timeout=300, check=False)
+                           str(key)], input=lines.encode(), capture_output=True, cwd=ROOT, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     identity = identity_from_log(proc.stderr.decode())
     got: dict[str, dict[int, float]] = {n: {} for n in names}
@@ -295,7 +255,7 @@ def test_the_daemon_ends_many_holdouts_in_a_step_as_replay_does(tmp_path, grid: 
     src, out = tmp_path / "s7.npy", tmp_path / "s7.out.npy"
     np.save(src, values["s7"])
     subprocess.run([sys.executable, "-m", "stream.cli", "replay", str(src), *params, "--holdout-grid", grid,
-                    "--key-file", str(key), "--identity", identity, "--stream", "s7", "--out", str(out)], cwd=root,
+                    "--key-file", str(key), "--identity", identity, "--stream", "s7", "--out", str(out)], cwd=ROOT,
                    check=True, capture_output=True, timeout=120)
     assert got["s7"] == {t: float(v) for t, v in enumerate(np.load(out)) if v == v}
 
@@ -309,7 +269,7 @@ def test_a_stream_goes_straight_into_the_row_its_started_operator_would_make(sel
                      query_range=4096, fanout=4)
     rng = np.random.default_rng(17)
     keys = [rng.bytes(32) for _ in range(60)]
-    data = readings(rng, 60 * 5, cfg.bound).reshape(60, 5)
+    data = holdout_readings(rng, 60 * 5, cfg.bound).reshape(60, 5)
     if holdout > 5:  # random walks: a smooth series, for which a coarser smoother pays
         data = np.cumsum(rng.integers(-3, 4, (60, holdout)), axis=1).clip(0) + rng.integers(0, 50, (60, 1))
     ops = [ToPS(cfg, k) for k in keys]

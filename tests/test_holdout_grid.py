@@ -142,11 +142,9 @@ def test_the_daemon_and_replay_run_the_compact_grid_alike(tmp_path) -> None:
     import subprocess
     import sys
     import time
-    from pathlib import Path
 
-    from tests.conftest import identity_from_log
+    from tests.support import ROOT, identity_from_log
 
-    root = Path(__file__).resolve().parent.parent
     params = ["--epsilon", "1", "--holdout", "1000", "--range", "256", "--fanout", "4", "--bound", "5000"]
     rng = np.random.default_rng(13)
     values = {name: rng.integers(1000, 5000, 1200).astype(float) for name in ("m1", "m2")}
@@ -155,7 +153,7 @@ def test_the_daemon_and_replay_run_the_compact_grid_alike(tmp_path) -> None:
     for grid in ("compact", "exact"):
         proc = subprocess.Popen([sys.executable, "-m", "stream.cli", "run", *params, "--holdout-grid", grid,
                                  "--key-file", str(key)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=root)
+                                stderr=subprocess.PIPE, cwd=ROOT)
         assert proc.stderr is not None and proc.stdin is not None
         head = []
         while not any(b"started" in x for x in head):  # its input is read from here on: no backlog in the pipe
@@ -178,7 +176,7 @@ def test_the_daemon_and_replay_run_the_compact_grid_alike(tmp_path) -> None:
                 out = tmp_path / f"{name}.{replay_grid}.npy"
                 subprocess.run([sys.executable, "-m", "stream.cli", "replay", str(src), *params, "--holdout-grid",
                                 replay_grid, "--key-file", str(key), "--identity", identity, "--stream", name,
-                                "--out", str(out)], cwd=root, check=True, capture_output=True, timeout=120)
+                                "--out", str(out)], cwd=ROOT, check=True, capture_output=True, timeout=120)
                 outs[replay_grid] = {t: float(v) for t, v in enumerate(np.load(out)) if not np.isnan(v)}
             got = {r["tick"]: r["value"] for r in releases if r["stream"] == name}
             assert len(got) == 200 and got == outs[grid], grid

@@ -13,37 +13,7 @@ import pytest
 
 from stream.core.errors import PayloadError
 from stream.core.payload import SEQ_LIMIT, TS_MAX, decode_line, decode_payload, decode_payload_columns, decode_reports
-
-HUGE = "1" + "0" * 400  # 10^400: an int Python parses, too large for a float
-HOSTILE_SCALARS = [HUGE, "-" + HUGE, HUGE + ".5", "1e400", "-1e400", "NaN", "Infinity", "-Infinity", "1e-400",
-                   str(2**63), str(2**63 - 1), str(2**64), "-1", "-0", "0", "1.5", "true", "false", "null", '""',
-                   '"12"', '"\\ud800"', '"\\u0000"', '"m\\u00e9ter"', '"\\ud83d\\ude00"', "[]", "{}", "[1]",
-                   '{"value": 1}', "9" * 4000, "1" + "0" * 5000, "4102444800", "4102444801", "1700000000.25"]
-FIELDS = ["value", "ts", "seq", "stream", "report", "phase", "theta"]
-
-
-def hostile_doc(rng: random.Random, depth: int = 0) -> str:
-    """One hostile JSON text (an object, a batch, a scalar or deep nesting), as a string."""
-    k = rng.random()
-    if k < 0.45 or depth > 2:
-        keys = rng.sample(FIELDS, rng.randint(0, len(FIELDS)))
-        if rng.random() < 0.7 and "value" not in keys:
-            keys.append("value")
-        parts = []
-        for key in keys:
-            if key == "phase" and rng.random() < 0.5:
-                v = rng.choice(['"threshold"', '"stream"', "{}", "[]"])
-            else:
-                v = rng.choice(HOSTILE_SCALARS)
-            parts.append(f'"{key}": {v}')
-        return "{" + ", ".join(parts) + "}"
-    if k < 0.8:
-        return "[" + ", ".join(hostile_doc(rng, depth + 1) if rng.random() < 0.5 else rng.choice(HOSTILE_SCALARS)
-                               for _ in range(rng.randint(1, 6))) + "]"
-    if k < 0.9:
-        n = rng.choice([10, 1000, 100_000])
-        return "[" * n + "1" + "]" * (n if rng.random() < 0.5 else 0)
-    return rng.choice(HOSTILE_SCALARS)
+from tests.support import HUGE, hostile_doc
 
 
 def check_readings(readings: list, bad: int) -> None:
@@ -167,7 +137,7 @@ def test_poison_lines_and_a_failing_operator_leave_the_other_streams_running(tmp
 
     from stream.core.config import build_config
     from stream.daemon import service as daemon_mod
-    from tests.test_daemon_units import FakeOperator
+    from tests.support import FakeOperator
 
     cfg = build_config({"metrics": {"port": 0}, "input": {"max_payload_bytes": 1 << 20},
                         "streams": {"key_file": str(tmp_path / "k"), "template": {"epsilon": 1.0, "bound": 9.0}}})

@@ -6,7 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
+
 RANK = {"core": 0, "state": 1, "cluster": 2, "daemon": 3, "device": 2, "commands": 4}
 ALLOWED = {"core": {"core"}, "state": {"core", "state"}, "cluster": {"core", "state", "cluster"},
            "daemon": {"core", "state", "cluster", "daemon"}, "device": {"core", "device"},
@@ -72,3 +73,19 @@ def test_no_import_cycles_between_modules() -> None:
                     seen.add(x)
                     todo.extend(graph.get(x, ()))
     assert not cycles, cycles
+
+
+def test_test_modules_take_shared_helpers_from_the_support_module() -> None:
+    """Helpers shared by test modules live in tests/support.py (fixtures in tests/conftest.py): no test module, and
+    no benchmark, imports another test module or the conftest."""
+    allowed = {"tests.support", "tests.reference", "tests.flood", "tests.audit._audit"}
+    files = [*(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]
+    bad = []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            bad += [f"{f.relative_to(ROOT)} imports {m}" for m in names
+                    if m.split(".")[0] == "tests" and m != "tests" and m not in allowed]
+    assert not bad, bad

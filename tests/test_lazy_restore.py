@@ -9,29 +9,28 @@ back.
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import sqlite3
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from stream.core.config import build_config
-from stream.daemon.service import Daemon
 from stream.state.store import PrivacyParametersChanged
-from tests.conftest import TEMPLATE, identity_from_log
-from tests.test_daemon_e2e import check_against_replay
-from tests.test_state_restart import stdin_config, tops
+from tests.support import (
+    TEMPLATE,
+    check_against_replay,
+    identity_from_log,
+    release_lines,
+    started,
+    stdin_config,
+    stdin_daemon,
+    tops,
+)
 
 
 def lines(values: dict[str, np.ndarray], lo: int, hi: int) -> bytes:
     return b"".join(f"{s},{v[i]:g}\n".encode() for i in range(lo, hi) for s, v in values.items() if i < len(v))
-
-
-def releases(out: bytes) -> list[dict]:
-    return [r for r in map(json.loads, out.decode().splitlines()) if "tick" in r and "value" in r]
 
 
 def stored_states(tmp: Path) -> dict[str, bytes]:
@@ -53,14 +52,14 @@ def test_a_stream_left_in_the_store_is_untouched_and_continues_exactly_at_its_ne
     got: list[dict] = []
     r = tops("run", "--config", str(cfg), stdin=lines({"a": a[:60], "b": b[:60], "c": c[:30]}, 0, 60))
     assert r.returncode == 0, r.stderr.decode()
-    got += releases(r.stdout)
+    got += release_lines(r.stdout)
     before = stored_states(tmp_path)
     # run 2: only a sends; b and c stay in the store
     r = tops("run", "--config", str(cfg), stdin=lines({"a": a}, 60, 100))
     err = r.stderr.decode()
     assert r.returncode == 0, err
     assert "3 streams stored (0 restored, the others at their next reading)" in err, err
-    got += releases(r.stdout)
+    got += release_lines(r.stdout)
     after = stored_states(tmp_path)
     assert after["b"] == before["b"] and after["c"] == before["c"]  # not read into memory, not rewritten
     assert after["a"] != before["a"]
@@ -69,28 +68,13 @@ def test_a_stream_left_in_the_store_is_untouched_and_continues_exactly_at_its_ne
              + lines({"c": c}, 30, 90))
     err = r.stderr.decode()
     assert r.returncode == 0 and "Traceback" not in err, err
-    got += releases(r.stdout)
+    got += release_lines(r.stdout)
     ident = identity_from_log(err)
     key = tmp_path / "master.key"
     sent = {"a": a, "b": b, "c": c}
     for s in ("a", "b", "c"):
         n = check_against_replay(got, sent[s], key, s, tmp_path, ident)
         assert n == len(sent[s]) - TEMPLATE["holdout"]
-
-
-def daemon(tmp: Path, **template: float) -> Daemon:
-    cfg = build_config({
-        "input": {"source": "stdin"},
-        "output": {"sinks": ["stdout"]},
-        "streams": {"key_file": str(tmp / "master.key"), "template": {**TEMPLATE, **template}},
-        "metrics": {"port": 0},
-        "state": {"data_dir": str(tmp / "state")},
-    })
-    return Daemon(cfg, stdin=io.BytesIO(b""), stdout=open(os.devnull, "w"), install_signals=False)
-
-
-async def _started(d: Daemon) -> None:
-    d.startup()
 
 
 def test_a_changed_epsilon_stops_the_start_at_once_without_the_preflight(tmp_path: Path) -> None:
@@ -100,13 +84,13 @@ def test_a_changed_epsilon_stops_the_start_at_once_without_the_preflight(tmp_pat
     assert tops("run", "--config", str(cfg), stdin=b"p,1\nq,2\n").returncode == 0
     import asyncio
 
-    d = daemon(tmp_path, epsilon=2.0)
+    d = stdin_daemon(tmp_path, epsilon=2.0)
     with pytest.raises(PrivacyParametersChanged, match="other privacy parameters") as exc:
-        asyncio.run(_started(d))
+        asyncio.run(started(d))
     assert "(and 1 more streams)" in str(exc.value)
     d.shutdown()
-    d = daemon(tmp_path)  # the same parameters: it starts
-    asyncio.run(_started(d))
+    d = stdin_daemon(tmp_path)  # the same parameters: it starts
+    asyncio.run(started(d))
     d.shutdown()
 
 
@@ -127,7 +111,7 @@ def test_a_stored_state_that_cannot_be_restored_refuses_only_that_streams_readin
     assert r.returncode == 0 and "Traceback" not in err, err
     assert "stream 'bad': the stored state does not fit the configuration" in err
     assert "not a number" not in err  # the log names the stream, never the stored content
-    got = releases(r.stdout)
+    got = release_lines(r.stdout)
     assert {x["stream"] for x in got} == {"good"} and len(got) == 20
 
 
@@ -141,5 +125,5 @@ def test_the_cap_takes_every_stored_stream_back(tmp_path: Path) -> None:
     err = r.stderr.decode()
     assert r.returncode == 0, err
     assert "the cap is raised to take them all back" in err
-    got = releases(r.stdout)
+    got = release_lines(r.stdout)
     assert {x["stream"] for x in got} == set(four) and len(got) == 20

@@ -6,7 +6,6 @@ name that came back must come back as the same next generation again.
 
 from __future__ import annotations
 
-import json
 import signal
 import sqlite3
 import time
@@ -14,10 +13,16 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.conftest import TEMPLATE, identity_from_log, wait_for
-from tests.test_checkpoint_background import Run
-from tests.test_daemon_e2e import check_against_replay
-from tests.test_state_restart import stdin_config, tops
+from tests.support import (
+    TEMPLATE,
+    StdinRun,
+    check_against_replay,
+    identity_from_log,
+    release_lines,
+    stdin_config,
+    tops,
+    wait_for,
+)
 
 
 def ledger(tmp: Path, name: str) -> list[tuple[int, bool]]:
@@ -29,13 +34,9 @@ def ledger(tmp: Path, name: str) -> list[tuple[int, bool]]:
         db.close()
 
 
-def releases(out: bytes) -> list[dict]:
-    return [r for r in map(json.loads, out.decode().splitlines()) if "tick" in r and "value" in r]
-
-
 def killed_before_a_checkpoint(cfg: Path, tmp: Path, stream: str, values: np.ndarray, log: str) -> list[dict]:
     """``tops run`` takes ``values`` of ``stream``, releases them, and is killed -9 before any checkpoint after them."""
-    run = Run(cfg, tmp / log)
+    run = StdinRun(cfg, tmp / log)
     try:
         run.send(stream, values)
         wait_for(lambda: len(run.releases) == len(values) - TEMPLATE["holdout"], 30, what="releases")
@@ -56,7 +57,7 @@ def test_kill9_before_a_new_streams_entry_is_written_gives_it_the_same_generatio
     r = tops("run", "--config", str(cfg), stdin=b"".join(f"n,{v:g}\n".encode() for v in values[90:]))
     err = r.stderr.decode()
     assert r.returncode == 0 and "Traceback" not in err, err
-    again = releases(r.stdout)
+    again = release_lines(r.stdout)
     assert ledger(tmp_path, "n") == [(1, True)]
     before = {x["tick"]: x["value"] for x in first}
     repeats = [x for x in again if x["tick"] in before]
@@ -76,7 +77,7 @@ def test_a_retired_name_killed_before_its_entry_is_written_comes_back_as_the_sam
     assert ledger(tmp_path, "late") == [(1, False)]  # generation 2's entry was not written yet
     r = tops("run", "--config", str(cfg), stdin=b"".join(f"late,{v:g}\n".encode() for v in values[80:]))
     assert r.returncode == 0, r.stderr.decode()
-    again = releases(r.stdout)
+    again = release_lines(r.stdout)
     assert ledger(tmp_path, "late") == [(1, False), (2, True)]  # generation 2 once: not 3, not 1 again
     before = {x["tick"]: x["value"] for x in first}
     repeats = [x for x in again if x["tick"] in before]

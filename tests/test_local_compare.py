@@ -7,7 +7,6 @@ bug mapped reports back with a sample's piece bound instead of the domain's), it
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +15,7 @@ import pytest
 from operators.local.reference import PM_ABOVE, ReferenceToPL, _remove_trailing_zero, reference_threshold
 from operators.local.threshold import threshold_candidates, threshold_objective
 from stream.commands.compare_local import LOCAL_METHODS, run_compare_local, true_density_theta
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import tops_text
 
 
 def test_remove_trailing_zero_is_the_references() -> None:
@@ -87,8 +85,7 @@ def test_run_compare_local_orders_the_rows() -> None:
 
 
 def _cli(*args: str, tmp: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "stream.cli", "compare", *args, "--out-dir", str(tmp)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    return tops_text("compare", *args, "--out-dir", tmp, timeout=300)
 
 
 def test_cli_local_mode(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from stream.device.client import Device
-from tests.conftest import DaemonProcess, Subscriber, daemon_config, free_port, wait_for
+from tests.support import DaemonProcess, Subscriber, daemon_config, free_port, wait_for
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 

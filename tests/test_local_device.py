@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import re
 import subprocess
 import sys
 import time
@@ -27,9 +26,8 @@ from stream.device.client import (
     stream_control,
     threshold_control,
 )
-from tests.conftest import DaemonProcess, Subscriber, daemon_config, free_port, wait_for
+from tests.support import ROOT, DaemonProcess, Subscriber, daemon_config, free_port, leaked, tops_text, wait_for
 
-REPO = Path(__file__).resolve().parents[1]
 KEY = bytes(range(32))
 
 
@@ -183,7 +181,7 @@ def test_seq_increases_and_starts_above_the_floor() -> None:
     first.on_control(stream_control("s1", 1.0, 5.0))
     used = [m["seq"] for m in first.perturb(np.ones(1000))]
     # a restart comes later than the 1,000 microseconds this batch ran ahead of the clock
-    _wait(lambda: time.time_ns() // 1000 > used[-1], what="the clock passing the last seq")
+    wait_for(lambda: time.time_ns() // 1000 > used[-1], what="the clock passing the last seq")
     again = Device("s1", 1.0)
     again.on_control(stream_control("s1", 1.0, 5.0))
     assert again.perturb([1.0])[0]["seq"] > used[-1]
@@ -271,19 +269,6 @@ def test_report_messages() -> None:
 # `tops device` end to end against a real broker
 
 
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
-
-
-def leaked(values, text: str) -> list[str]:
-    """The raw readings written whole anywhere in `text` (as `%.6f` or as Python prints them).
-
-    Whole numbers only: a noisy report such as 16.94269895 starts with the digits of the reading 16.94269 by
-    chance (it did once in CI: roughly one run in a hundred), and that is not a leak.
-    """
-    numbers = set(NUMBER.findall(text))
-    return [s for v in values for s in (f"{v:.6f}", repr(float(v))) if s in numbers]
-
-
 def _pub(port: int, topic: str, message: dict | str) -> None:
     payload = message if isinstance(message, str) else json.dumps(message)
     args = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(port), "-t", topic, "-r", "-q", "1"]
@@ -294,7 +279,7 @@ def _device(port: int, stream: str, input_file: Path, *extra: str) -> subprocess
     cmd = [sys.executable, "-m", "stream.cli", "device", "--host", "127.0.0.1", "--port", str(port)]
     return subprocess.Popen(
         [*cmd, "--stream", stream, "--input", str(input_file), "--qos", "1", "--max-epsilon", "2", *extra],
-        cwd=REPO,
+        cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -318,7 +303,7 @@ def test_tops_device_follows_the_retained_control_and_never_publishes_readings(m
         sub.wait_ready(topic)
         # the device starts before the daemon has published anything: it holds 50 readings and stops reading
         dev = _DeviceProc(port, stream, "--input", str(tmp_path / "a.txt"), "--max-epsilon", "2", "--buffer", "50")
-        _wait(lambda: "holding 50 readings (--buffer) until an acceptable control message" in dev.stderr(),
+        wait_for(lambda: "holding 50 readings (--buffer) until an acceptable control message" in dev.stderr(),
               what="the device holding its buffer")
         assert dev.proc.poll() is None  # still waiting for a control message
         assert sub.payloads(topic) == []
@@ -400,7 +385,7 @@ class _DeviceProc:
         cmd = [sys.executable, "-m", "stream.cli", "device", "--host", "127.0.0.1", "--port", str(port)]
         self.proc = subprocess.Popen(
             [*cmd, "--stream", stream, "--qos", "1", *extra],
-            cwd=REPO,
+            cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -435,14 +420,6 @@ class _DeviceProc:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
-
-
-def _wait(predicate, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 MALICIOUS = [
@@ -480,14 +457,14 @@ def test_a_control_above_the_pinned_limits_gets_no_report(mosquitto, tmp_path: P
         _pub(port, f"tops/control/{stream}", threshold_control(stream, epsilon=1.0, bound=1000.0))
         honest = [round(12.345678 + 1.000001 * i, 6) for i in range(20)]
         dev.feed(f"{v:.6f}" for v in honest)
-        _wait(lambda: len(sub.payloads(report_topic)) == 20, what="the honest reports")
+        wait_for(lambda: len(sub.payloads(report_topic)) == 20, what="the honest reports")
         bad = make(stream)
         _pub(port, f"tops/control/{stream}", bad if isinstance(bad, str) else json.dumps(bad))
-        _wait(lambda: "refusing control message" in dev.stderr(), what="the refusal")
+        wait_for(lambda: "refusing control message" in dev.stderr(), what="the refusal")
         dev.feed(f"{v:.6f}" for v in secret)
         # the device has taken every secret reading and holds them (none perturbed, so none can be published);
         # then a marker on the report topic: whatever the device published before it has arrived
-        _wait(lambda: f"holding {len(secret)} readings (--buffer) until an acceptable control" in dev.stderr(),
+        wait_for(lambda: f"holding {len(secret)} readings (--buffer) until an acceptable control" in dev.stderr(),
               what="the device holding the readings")
         sub.wait_ready(report_topic)
         assert len(sub.payloads(report_topic)) == 20, "a report went out under a refused control message"
@@ -496,7 +473,7 @@ def test_a_control_above_the_pinned_limits_gets_no_report(mosquitto, tmp_path: P
         # an acceptable control message: the held readings are reported under it, once each
         _pub(port, f"tops/control/{stream}", stream_control(stream, epsilon=0.5, theta=600.0))
         total = 20 + len(secret)
-        _wait(lambda: len(sub.payloads(report_topic)) == total, what="the reports under the acceptable control")
+        wait_for(lambda: len(sub.payloads(report_topic)) == total, what="the reports under the acceptable control")
         rc, out, err = dev.finish()
         assert rc == 0, err
         sub.wait_ready(report_topic)  # the marker: nothing the device published is still on its way
@@ -553,8 +530,7 @@ def test_the_state_file_reserves_seq_numbers_before_use(tmp_path: Path) -> None:
 
 
 def _tops_device(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "stream.cli", "device", "--host", "127.0.0.1", "--port", "1", "--stream", "m1"]
-    return subprocess.run([*cmd, *args], cwd=REPO, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    return tops_text("device", "--host", "127.0.0.1", "--port", "1", "--stream", "m1", *args, timeout=60, stdin="")
 
 
 def test_tops_device_without_max_epsilon_refuses_to_start_with_one_line(tmp_path: Path) -> None:
@@ -589,13 +565,13 @@ def test_tops_device_with_a_limits_file_refuses_a_threshold_control_above_it(mos
     try:
         _pub(port, f"tops/control/{stream}", threshold_control(stream, epsilon=1.0, bound=100.0))
         dev.feed(["11.123457", "22.234568", "33.345679"])
-        _wait(lambda: "refusing control message (threshold_epsilon)" in dev.stderr(), what="the refusal")
-        _wait(lambda: "holding 3 readings (--buffer) until an acceptable control" in dev.stderr(),
+        wait_for(lambda: "refusing control message (threshold_epsilon)" in dev.stderr(), what="the refusal")
+        wait_for(lambda: "holding 3 readings (--buffer) until an acceptable control" in dev.stderr(),
               what="the device holding the readings")
         sub.wait_ready(f"meters/{stream}/report")  # the marker: whatever the device published has arrived
         assert sub.payloads(f"meters/{stream}/report") == []
         _pub(port, f"tops/control/{stream}", threshold_control(stream, epsilon=0.5, bound=100.0))
-        _wait(lambda: len(sub.payloads(f"meters/{stream}/report")) == 3, what="reports at the allowed epsilon")
+        wait_for(lambda: len(sub.payloads(f"meters/{stream}/report")) == 3, what="reports at the allowed epsilon")
         rc, _, err = dev.finish()
         assert rc == 0, err
         doc = json.loads(state.read_text())
@@ -750,8 +726,8 @@ def _held_run(port: int, stream: str, source: Path, state: Path) -> tuple[_Devic
     dev = _DeviceProc(port, stream, "--input", str(source), "--max-epsilon", "2", "--state-file", str(state),
                       "--buffer", "7", "--status-interval", "0")
     try:
-        _wait(lambda: len(sub.payloads(f"meters/{stream}/report")) >= 5, what="the threshold reports")
-        _wait(lambda: "holding 7 readings" in dev.stderr(), what="the device holding the other 7")
+        wait_for(lambda: len(sub.payloads(f"meters/{stream}/report")) >= 5, what="the threshold reports")
+        wait_for(lambda: "holding 7 readings" in dev.stderr(), what="the device holding the other 7")
         sub.wait_ready(f"meters/{stream}/report")  # the marker: nothing more is on its way
         assert len(sub.payloads(f"meters/{stream}/report")) == 5
     except BaseException:
@@ -767,7 +743,7 @@ def _continue_run(port: int, stream: str, source: Path, state: Path, sub) -> tup
     dev = _DeviceProc(port, stream, "--input", str(source), "--max-epsilon", "2", "--state-file", str(state),
                       "--status-interval", "0")
     try:
-        _wait(lambda: "phase threshold" in dev.stderr(), what="the restarted device following the retained control")
+        wait_for(lambda: "phase threshold" in dev.stderr(), what="the restarted device following the retained control")
         assert "sends up to 0 reports now" in dev.stderr()
         _pub(port, f"tops/control/{stream}", stream_control(stream, 1.0, 40.0))
         rc, _, err = dev.finish()

@@ -27,55 +27,11 @@ from operators.local import (
     stochastic_rounding_scale,
 )
 from operators.noise import Domain, KeyedGenerator
+from tests.support import chernoff_bounds, worst_ratio
 
 N = 400_000
 BINS = 40
-DELTA = 1e-6
 THETA = 10.0
-
-
-def _kl(p: float, q: float) -> float:
-    def term(a: float, b: float) -> float:
-        return 0.0 if a == 0 else a * math.log(a / b)
-
-    return term(p, q) + term(1 - p, 1 - q)
-
-
-def chernoff_bounds(k: int, n: int, delta: float = DELTA) -> tuple[float, float]:
-    """(lower, upper) with n KL(k/n || bound) = log(1/delta), by bisection."""
-    p_hat, level = k / n, math.log(1 / delta) / n
-    lo_a, lo_b = 0.0, p_hat
-    for _ in range(100):
-        mid = (lo_a + lo_b) / 2
-        if mid > 0 and _kl(p_hat, mid) > level:
-            lo_a = mid
-        else:
-            lo_b = mid
-    up_a, up_b = p_hat, 1.0
-    for _ in range(100):
-        mid = (up_a + up_b) / 2
-        if mid < 1 and _kl(p_hat, mid) > level:
-            up_b = mid
-        else:
-            up_a = mid
-    return lo_a, up_b
-
-
-def worst_ratio(a: np.ndarray, b: np.ndarray, edges: np.ndarray) -> tuple[float, float]:
-    """(largest lower-confidence likelihood ratio over bins and both directions, largest point estimate)."""
-    ka, _ = np.histogram(a, edges)
-    kb, _ = np.histogram(b, edges)
-    bound, point = 0.0, 0.0
-    for x, y in ((ka, kb), (kb, ka)):
-        for i in range(len(x)):
-            if x[i] == 0:
-                continue
-            low, _ = chernoff_bounds(int(x[i]), a.size)
-            _, up = chernoff_bounds(int(y[i]), b.size)
-            bound = max(bound, low / up)
-            if y[i]:
-                point = max(point, x[i] / y[i])
-    return bound, point
 
 
 def _sr(v: np.ndarray, eps: float, gen: KeyedGenerator, addr: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from operators.local import (
     stochastic_rounding_scale,
     stochastic_rounding_variance,
 )
-from operators.noise import Domain, KeyedGenerator
+from tests.support import uniforms
 
 N = 200_000
 EPSILONS = (0.3, 1.0, 2.0, 4.0)
@@ -33,10 +33,6 @@ INPUTS = (-1.0, -0.4, 0.25, 1.0)
 # own relative standard error is below 0.5% at N = 200,000 for every mechanism and eps here).
 MEAN_SIGMAS = 5.0
 VARIANCE_RTOL = 0.03
-
-
-def uniforms(tag: int, count: int) -> np.ndarray:
-    return KeyedGenerator(bytes([tag]) * 32).uniforms(Domain.LOCAL, tag, 0, count)
 
 
 def _check_moments(y: np.ndarray, x: float, variance: float) -> None:

@@ -170,7 +170,7 @@ def test_devices_zoom_in_end_to_end(mosquitto, tmp_path: Path) -> None:
     """The daemon in local mode with retail's bound (16,470) and retail-like readings below 80, the default holdout
     of 65,536 reports sent in batches by 8 devices: it republishes the retained control with a smaller domain, the
     devices follow it and their reports say so, theta lies inside the domain, and no raw reading is in the capture."""
-    from tests.conftest import DaemonProcess, Subscriber, daemon_config, free_port, wait_for
+    from tests.support import DaemonProcess, Subscriber, daemon_config, free_port, wait_for
 
     bound = 16_470.0
     readings = np.round(_retail_like(400_000, 9) + 0.123457, 6)

@@ -18,13 +18,9 @@ from operators.local import (
     square_wave_transition_matrix,
     sww_prune,
 )
-from operators.noise import Domain, KeyedGenerator
+from tests.support import uniforms
 
 EPSILONS = (0.2, 0.5, 1.0, 2.0, 4.0)
-
-
-def uniforms(tag: int, count: int) -> np.ndarray:
-    return KeyedGenerator(bytes([tag]) * 32).uniforms(Domain.LOCAL, tag, 0, count)
 
 
 @pytest.mark.parametrize("eps", EPSILONS)

@@ -16,8 +16,7 @@ import pytest
 
 from operators import ToPS, ToPSConfig
 from operators.config import ConfigError
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
 
 
 def _run(args: list[str], lines: list[str]) -> list[dict]:
@@ -72,7 +71,7 @@ def test_bad_lower_refused(kw: dict, word: str) -> None:
 
 def test_daemon_lower_and_replay_agree(tmp_path: Path) -> None:
     """`tops run --lower -20` releases what `tops replay --lower -20` gives with the run's identity."""
-    from tests.conftest import identity_from_log
+    from tests.support import identity_from_log
 
     x = np.random.default_rng(9).uniform(-30, 30, 600).round(2)
     args = ["--lower", "-20", "--bound", "20", "--holdout", "100", "--range", "256", "--fanout", "4",

@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 
 from stream.daemon.phaselog import PhaseLog
-from tests.conftest import write_toml
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT, write_toml
 
 
 def test_a_burst_of_phase_changes_is_named_then_counted(caplog: pytest.LogCaptureFixture) -> None:

@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 
 from stream.state.journal import Journal
-from tests.conftest import Subscriber, free_port, scrape, wait_for, write_toml
+from tests.support import ROOT, Subscriber, free_port, scrape, wait_for, write_toml
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")  # a whole number token (not digits inside a hex id)
 STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ", re.M)  # the log line's time

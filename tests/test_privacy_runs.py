@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 
 from stream.core.config import DAEMON_METHODS
-from tests.conftest import identity_from_log, write_toml
+from tests.support import ROOT, identity_from_log, write_toml
 
-ROOT = Path(__file__).resolve().parent.parent
 # Fresh noise, measured over 435 pairs of runs: the 63 ticks before the first leaf ends release the public prior, the
 # same in any run (7% of the 900 released ticks), and independent runs coincide on another tick only when their
 # integer noises happen to be equal. The calibrated selection smooths big leaves here (s = 3: 64 ticks share one

@@ -17,7 +17,8 @@ from operators.hierarchy import _combine, _top_down, layer_weight
 from stream.commands import datasets
 from stream.commands.query import Releases
 from stream.commands.replay import replay
-from tests.conftest import (
+from tests.support import (
+    ROOT,
     TEMPLATE,
     DaemonProcess,
     Subscriber,
@@ -27,14 +28,9 @@ from tests.conftest import (
     publish,
     wait_for,
 )
+from tests.support import tops_text as tops
 
-ROOT = Path(__file__).resolve().parents[1]
 KEY = "5a" * 32
-
-
-def tops(*args: object, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stream.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=120, **kw)
 
 
 def _forward(noise: list[np.ndarray], b: int) -> np.ndarray:

@@ -16,14 +16,7 @@ import pytest
 from operators.ranges.release import RangeConfig, RangeRelease
 from stream.core.config import build_config
 from stream.core.errors import ConfigFileError
-from tests.conftest import identity_from_log, write_toml
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def tops(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "stream.cli", *args], cwd=ROOT, input=stdin, capture_output=True,
-                          timeout=120, check=False)
+from tests.support import ROOT, identity_from_log, tops, write_toml
 
 
 @pytest.mark.parametrize(("doc", "line"), [
@@ -149,7 +142,7 @@ def test_local_range_with_tops_device_processes_and_hostile_reports(mosquitto, t
     `tops device` processes send 1,200 readings each. Every honest report is in exactly one release, and each range
     summed over the periods is within 5 standard errors (LocalTree's exact variance) of the truth."""
     from operators.ranges.local import LocalTree, answer_from_levels
-    from tests.conftest import DaemonProcess, Subscriber, free_port, publish, wait_for
+    from tests.support import DaemonProcess, Subscriber, free_port, publish, wait_for
 
     mport = free_port()
     eps, d = 2.0, 16

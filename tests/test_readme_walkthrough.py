@@ -37,9 +37,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, wait_for
+from tests.support import ROOT, free_port, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 HEADING = "## Walkthrough: readings over MQTT"
 PORT_IN_README = "1883"

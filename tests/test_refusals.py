@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,15 +13,13 @@ from operators import ToPSConfig
 from stream.core.config import build_config
 from stream.core.errors import ConfigFileError
 from stream.state.store import Store
-from tests.conftest import free_port, write_toml
+from tests.support import free_port, tops_text, write_toml
 
-ROOT = Path(__file__).resolve().parent.parent
 TPL = {"epsilon": 1.0, "bound": 100.0, "holdout": 50, "query_range": 256, "fanout": 4}
 
 
 def run(config: Path, *extra: str) -> tuple[int, list[str]]:
-    r = subprocess.run([sys.executable, "-m", "stream.cli", "run", "--config", str(config), *extra], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False)
+    r = tops_text("run", "--config", config, *extra, timeout=60, stdin="")
     assert "Traceback" not in r.stderr, r.stderr
     return r.returncode, [x for x in r.stderr.splitlines() if x.strip()]
 

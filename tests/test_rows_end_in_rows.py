@@ -26,14 +26,10 @@ from operators.config import ToPSConfig
 from operators.noise import KeyedGenerator, KeyRows, discrete_laplace_one_many
 from operators.tops import ToPS, choose_ends
 from stream.core.router import Router
-from tests.test_columnar_router import run
-from tests.test_holdout_ends import failing_batch, key_of, readings
+from tests.support import failing_batch, feed_router, holdout_readings, key_of
 
-
-@pytest.fixture(autouse=True)
-def _compiled() -> None:
-    noise._kernel(1 << 16)  # the compiled kernels, as a daemon (which draws often) has them
-    assert noise.compiled_loaded()
+# the compiled kernels loaded, as a daemon (which draws often) has them
+pytestmark = pytest.mark.usefixtures("compiled_kernels")
 
 
 def test_which_configurations_end_in_rows() -> None:
@@ -90,7 +86,7 @@ def test_new_rows_made_together_are_the_rows_made_one_at_a_time(cfg: ToPSConfig)
     """``add_new_many`` (a chunk of input's new streams) hands out the rows ``add_new`` would, one at a time, freed
     rows first (a former stream's numbers wiped), the store grown as needed, and writes the same columns; a key of
     the wrong length is refused before any row is taken."""
-    data = readings(np.random.default_rng(3), 9, cfg.bound)
+    data = holdout_readings(np.random.default_rng(3), 9, cfg.bound)
     one, many = holdout_store(cfg, capacity=2), holdout_store(cfg, capacity=2)
     for store in (one, many):  # 9 streams that took a reading, 4 of them gone (their rows freed)
         rows = np.array([store.add_new(key_of(f"old{i}")) for i in range(9)], dtype=np.int64)
@@ -118,7 +114,7 @@ def held_rows(cfg: ToPSConfig, n: int, seed: int) -> tuple[ColumnarHoldout, np.n
     same readings with ``hold``."""
     rng = np.random.default_rng(seed)
     keys = [rng.bytes(32) for _ in range(n)]
-    data = readings(rng, n * cfg.holdout, cfg.bound).reshape(n, cfg.holdout)
+    data = holdout_readings(rng, n * cfg.holdout, cfg.bound).reshape(n, cfg.holdout)
     store = holdout_store(cfg, capacity=8)
     rows = np.array([store.add_new(k) for k in keys], dtype=np.int64)
     if cfg.holdout > 2:  # two readings of every fourth stream in one batch, interleaved with the others'
@@ -167,7 +163,7 @@ def test_rows_choose_and_start_what_the_operators_do(grid: str, holdout: int, ep
     for name, _, _ in direct._columns():
         assert np.array_equal(getattr(direct, name)[:150], getattr(via, name)[:150]), name
     rng = np.random.default_rng(holdout)
-    at, more = rng.integers(0, 150, 5000), readings(rng, 5000, bound)
+    at, more = rng.integers(0, 150, 5000), holdout_readings(rng, 5000, bound)
     assert np.array_equal(direct.process(at, more), via.process(at, more))
 
 
@@ -242,13 +238,13 @@ def test_the_router_ends_rows_in_rows(step: int, monkeypatch: pytest.MonkeyPatch
     names = [f"m{i}" for i in range(90)]
     cfg_of = {name: CFGS[i % 3] for i, name in enumerate(names)}
     rng = np.random.default_rng(step)
-    feed = [(name, float(v)) for _ in range(12) for name, v in zip(names, readings(rng, len(names), 5000),
+    feed = [(name, float(v)) for _ in range(12) for name, v in zip(names, holdout_readings(rng, len(names), 5000),
                                                                   strict=True)]
     router = Router(lambda name: ToPS(cfg_of[name], key_of(name)), 1000)
     router.use_columns(capacity=4)
     router.record("m0")
     assert type(router.streams["m0"].operator) is HoldoutRow
-    got = run(router, feed, step)
+    got = feed_router(router, feed, step)
     assert not taken
     assert router.in_holdout == 0 and all(rec.phase == "releasing" for rec in router.streams.values())
     assert all(type(rec.operator) is RowOperator for rec in router.streams.values())
@@ -267,8 +263,8 @@ def test_without_the_compiled_kernels_rows_are_given_back_to_their_operators(mon
     router = Router(lambda name: ToPS(CFGS[0], key_of(name)), 100)
     router.use_columns(capacity=4)
     rng = np.random.default_rng(3)
-    feed = [(n, float(v)) for _ in range(5) for n, v in zip(names, readings(rng, 40, 5000), strict=True)]
-    got = run(router, feed, 25)
+    feed = [(n, float(v)) for _ in range(5) for n, v in zip(names, holdout_readings(rng, 40, 5000), strict=True)]
+    got = feed_router(router, feed, 25)
     for name in names:
         alone = ToPS(CFGS[0], key_of(name)).process(np.array([v for n, v in feed if n == name]))
         assert got[name] == [(t, float(x)) for t, x in enumerate(alone) if x == x], name
@@ -283,7 +279,7 @@ def test_a_failing_batch_of_rows_fails_its_streams_only(monkeypatch: pytest.Monk
     router = failing_batch(CFGS[0], lambda: monkeypatch.setattr(ColumnarHoldout, "choose_ends", broken), caplog)
     monkeypatch.undo()
     noise._kernel(1 << 16)
-    got = run(router, [("m3", 1.0), ("fresh", 2.0), ("fresh", 3.0), ("m3", 4.0)], 4)  # the others go on
+    got = feed_router(router, [("m3", 1.0), ("fresh", 2.0), ("fresh", 3.0), ("m3", 4.0)], 4)  # the others go on
     assert set(got) == {"m3"} and router.streams["fresh"].phase == "releasing"
 
 
@@ -298,13 +294,13 @@ def test_a_checkpoint_gets_the_states_at_the_cut_of_rows_ended_in_rows(cfg: ToPS
     names = [f"m{i}" for i in range(40)]
     router = Router(lambda name: ToPS(cfg, key_of(name)), 100)
     router.use_columns()
-    run(router, [(n, float(i)) for i, n in enumerate(names)] * 2, 10_000)  # one reading left each
+    feed_router(router, [(n, float(i)) for i, n in enumerate(names)] * 2, 10_000)  # one reading left each
     recs = list(router.streams.values())
     assert all(type(rec.operator) is HoldoutRow for rec in recs)
     wants = {r.name: json.dumps(record_state(r), separators=(",", ":")) for r in recs}
     states = record_states(recs)
     assert all(type(s) is tuple and isinstance(s[0], Lent) for s in states.values())
-    run(router, [(n, 60.0) for n in names] * 2, 10_000)  # the ends (in rows) and a release each
+    feed_router(router, [(n, 60.0) for n in names] * 2, 10_000)  # the ends (in rows) and a release each
     assert all(type(rec.operator) is RowOperator for rec in recs)
     made = {n: json.dumps(states[n][0].state(states[n][1]), separators=(",", ":")) for n in names}
     assert made == wants
@@ -321,8 +317,7 @@ def test_streams_born_as_rows_restart_and_release_what_each_releases_alone(tmp_p
 
     from operators.columnar import born_releasing
     from stream.core.keys import derive_stream_key, load_master_key
-    from tests.conftest import identity_from_log, write_toml
-    from tests.test_state_restart import tops
+    from tests.support import identity_from_log, tops, write_toml
 
     template: dict[str, object] = {"epsilon": 1.0, "bound": 5000.0, "query_range": 256, "fanout": 4}
     template.update({"holdout": 3, "holdout_grid": "compact"} if born == "holdout-row" else {"theta": 2500.0})
@@ -334,7 +329,7 @@ def test_streams_born_as_rows_restart_and_release_what_each_releases_alone(tmp_p
     assert ends_in_rows(cfg) if born == "holdout-row" else born_releasing(cfg)
     rng = np.random.default_rng(23)
     names = [f"s{i}" for i in range(120)]
-    values = {n: readings(rng, 9, 5000.0) for n in names}
+    values = {n: holdout_readings(rng, 9, 5000.0) for n in names}
     old, new = names[:80], names[80:]  # the new ones appear in the second run
     runs = [[(old, 0, 2)], [(old, 2, 5), (new, 0, 5)], [(names, 5, 9)]]
     got: dict[str, dict[int, float]] = {n: {} for n in names}
@@ -363,8 +358,7 @@ def test_the_first_stored_stream_after_a_restart_leaves_no_row_behind(tmp_path, 
     once; only the restored streams' rows stay."""
     import asyncio
 
-    from tests.test_lazy_restore import _started, daemon
-    from tests.test_state_restart import stdin_config, tops
+    from tests.support import started, stdin_config, stdin_daemon, tops
 
     small: dict[str, object] = {"holdout": 3, "holdout_grid": "compact"} if born == "holdout-row" else {"theta": 60.0}
     cfg = stdin_config(tmp_path)
@@ -373,8 +367,8 @@ def test_the_first_stored_stream_after_a_restart_leaves_no_row_behind(tmp_path, 
     assert all(k in text for k in small)
     cfg.write_text(text)
     assert tops("run", "--config", str(cfg), stdin=b"p,1\nq,2\nr,3\n").returncode == 0
-    d = daemon(tmp_path, **small)
-    asyncio.run(_started(d))
+    d = stdin_daemon(tmp_path, **small)
+    asyncio.run(started(d))
     try:
         d.on_lines([b"p,4", b"q,5"])
         stores = list(d.router.holdouts.values()) if born == "holdout-row" else [d.router.pool]
@@ -452,7 +446,7 @@ def test_a_short_row_holds_an_operators_holdout_as_its_readings_cells() -> None:
     rng = np.random.default_rng(8)
     for k in range(40):
         op = ToPS(cfg, key_of(f"s{k}"))
-        data = readings(rng, 7, cfg.bound)
+        data = holdout_readings(rng, 7, cfg.bound)
         op.hold(data[: k % 7])
         r = store.add(op)
         back = store.operator(r)

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import tops_text
 
 
 def _simulate(*args: str) -> list[dict]:
-    r = subprocess.run([sys.executable, "-m", "stream.cli", "simulate", *args], cwd=REPO, capture_output=True,
-                       text=True, timeout=60, check=True)
+    r = tops_text("simulate", *args, timeout=60)
+    assert r.returncode == 0, r.stderr
     return [json.loads(line) for line in r.stdout.splitlines()]
 
 
@@ -28,6 +25,5 @@ def test_simulate_sends_seq_and_a_rerun_continues_above_it() -> None:
     assert min(m["seq"] for m in second) > max(m["seq"] for m in first)
     fixed = _simulate("--ticks", "3", "--seq-start", "7")
     assert [m["seq"] for m in fixed] == [7, 8, 9]
-    r = subprocess.run([sys.executable, "-m", "stream.cli", "simulate", "--seq-start", "-1"], cwd=REPO,
-                       capture_output=True, text=True, timeout=60)
+    r = tops_text("simulate", "--seq-start", "-1", timeout=60)
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1

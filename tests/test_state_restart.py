@@ -7,8 +7,6 @@ import os
 import random
 import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,37 +18,21 @@ import pytest
 from operators import ToPS, ToPSConfig
 from stream.core.keys import derive_stream_key, load_master_key
 from stream.state.store import Store
-from tests.conftest import (
+from tests.support import (
     TEMPLATE,
     DaemonProcess,
     Subscriber,
+    check_against_replay,
     daemon_config,
     find_identity,
     free_port,
     publish,
     scrape,
+    stdin_config,
+    tops,
     wait_for,
     write_toml,
 )
-from tests.test_daemon_e2e import check_against_replay
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def tops(*args: str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "stream.cli", *args], cwd=ROOT, input=stdin, capture_output=True,
-                          timeout=timeout, check=False)
-
-
-def stdin_config(tmp: Path, **state: object) -> Path:
-    """A stdin -> stdout configuration with durable state in ``tmp/state``."""
-    return write_toml(tmp / "tops.toml", {
-        "input": {"source": "stdin"},
-        "output": {"sinks": ["stdout"]},
-        "streams": {"key_file": str(tmp / "master.key"), "template": dict(TEMPLATE)},
-        "metrics": {"port": 0},
-        "state": {"data_dir": str(tmp / "state"), **state},
-    })
 
 
 class Feeder(threading.Thread):

@@ -16,7 +16,7 @@ import pytest
 
 from stream.core.config import build_config
 from stream.daemon import service as daemon_mod
-from tests.test_daemon_units import FakeOperator
+from tests.support import FakeOperator
 
 
 class _Forgetful(dict):

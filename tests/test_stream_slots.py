@@ -5,23 +5,23 @@ names cannot hold ``max_streams`` for good; an evicted stream continues exactly 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import DaemonProcess, Subscriber, daemon_config, free_port, publish, wait_for
-from tests.test_daemon_e2e import check_against_replay
+from tests.support import (
+    DaemonProcess,
+    Subscriber,
+    check_against_replay,
+    daemon_config,
+    free_port,
+    publish,
+    tops_text,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def tops(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stream.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, check=False)
 
 
 def test_garbage_names_are_evicted_and_an_evicted_stream_continues_exactly(mosquitto, tmp_path: Path) -> None:
@@ -55,7 +55,7 @@ def test_garbage_names_are_evicted_and_an_evicted_stream_continues_exactly(mosqu
         wait_for(lambda: released("real") == 150 and released("late") == 10, 20, what="releases after eviction")
         assert check_against_replay(sub.payloads(), real, tmp_path / "master.key", "real", tmp_path) == 150
         assert check_against_replay(sub.payloads(), late, tmp_path / "master.key", "late", tmp_path) == 10
-        r = tops("state", "retire", "late", "--data-dir", str(tmp_path / "state"))
+        r = tops_text("state", "retire", "late", "--data-dir", str(tmp_path / "state"))
         assert r.returncode == 2 and "in use by a running daemon" in r.stderr, r.stderr
         assert daemon.stop() == 0
     finally:
@@ -64,11 +64,11 @@ def test_garbage_names_are_evicted_and_an_evicted_stream_continues_exactly(mosqu
     log = daemon.stderr()
     assert "Traceback" not in log and "left memory" in log
     # retiring on the stopped daemon: gone from the store; should it send again, a new generation (a new key)
-    r = tops("state", "retire", "late", "--data-dir", str(tmp_path / "state"))
+    r = tops_text("state", "retire", "late", "--data-dir", str(tmp_path / "state"))
     assert r.returncode == 0 and "generation 2 with a new key" in r.stdout, r.stderr
-    rows = json.loads(tops("state", "--data-dir", str(tmp_path / "state"), "--json").stdout)
+    rows = json.loads(tops_text("state", "--data-dir", str(tmp_path / "state"), "--json").stdout)
     assert "late" not in {x["stream"] for x in rows} and "real" in {x["stream"] for x in rows}
-    assert tops("state", "retire", "nosuch", "--data-dir", str(tmp_path / "state")).returncode == 2
+    assert tops_text("state", "retire", "nosuch", "--data-dir", str(tmp_path / "state")).returncode == 2
     from stream.state.store import Store
 
     st = Store.open(tmp_path / "state" / "state.db")
