@@ -63,7 +63,7 @@ def exact_range_problem(bound_units: float, epsilon: float, fanout: int, height:
     of the grid). We require ``|S| <= 2^36``; the noise scale is at most ``B/res * h / eps <= 2^36`` (the sampler's
     range), so ``|c| >= 2^42`` has probability below ``exp(-64)`` per node. Within this range the coupled noise
     (node noise shifted along one leaf's path by that leaf's change) leaves every other leaf's rounded noise
-    unchanged in all our measurements (tests/test_grid_range.py).
+    unchanged in all our measurements (tests/operators/test_release_sum_exact_range.py).
     """
     leaf_units = bound_units * fanout ** (height - 1)
     if leaf_units > MAX_LEAF_UNITS:

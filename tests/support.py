@@ -44,6 +44,12 @@ def tops(*args: object, stdin: bytes | str | None = None, text: bool = False, ti
                           capture_output=True, text=text, timeout=timeout, check=False, **kw)
 
 
+def run_tool(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    """A program other than tops (promtool, openssl, systemd-analyze, install.sh), output captured as text, never
+    raising on its exit code."""
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, **kw)
+
+
 def tops_text(*args: object, stdin: str | None = None, timeout: float = 120,
               **kw: Any) -> subprocess.CompletedProcess[str]:
     """:func:`tops` with str in and out."""
