@@ -1,4 +1,4 @@
-"""What the broker's persistence settings cost (issue 10, item 8): QoS 1 messages per second into Mosquitto while a
+"""What the broker's persistence settings cost: QoS 1 messages per second into Mosquitto while a
 persistent-session subscriber (the daemon's situation while it is down) has them queued, for the stock autosave
 (1800 s), deploy/'s autosave every second, and saving on every change. Prints one line per setting.
 

@@ -1,7 +1,8 @@
 """The daemon configuration: one TOML file, every key declared once here (type, default, documentation).
 
 Every problem is reported on its own line naming ``[section] key`` and what is allowed; the daemon does not
-start while there is any (``tops run`` exits with code 2). The README ("Running the daemon") documents the same table.
+start while there is any (``tops run`` exits with code 2). docs/configuration.md documents the same table (generated
+from it).
 
 >>> cfg = build_config({"streams": {"template": {"epsilon": 0.5, "bound": 100}}})
 >>> cfg.template.epsilon, cfg.ticks.mode, cfg.input.source
@@ -279,7 +280,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
 }
 
-# [streams.template]: the parameters of every new stream (operators.ToPSConfig); documented in the README.
+# [streams.template]: the parameters of every new stream (operators.ToPSConfig); documented in docs/configuration.md.
 TEMPLATE_DOCS: dict[str, str] = {
     "epsilon": "Privacy budget of the released ticks (event-level eps-DP). Required.",
     "bound": "Public upper bound B of a tick value; larger values are clamped. Required.",

@@ -252,8 +252,8 @@ class Daemon:
         if category is not None:
             make = self._keyed = lambda key: histogram_operator(category, key)
         elif method == "tops" and self.router.holdouts is not None and born_in_rows(template):
-            # a new stream is the holdout row its ToPS would become, made without that ToPS (about 10 us a new
-            # stream, most of it the collector's share of the objects made and dropped)
+            # a new stream is the holdout row its ToPS would become, made without that ToPS (whose cost is mostly the
+            # collector's share of the objects made and dropped)
             make = self._keyed = partial(self.router.holdout_row, template)
             self._born_rows = True
         elif method == "tops" and self.router.pool is not None and born_releasing(template):
@@ -719,7 +719,7 @@ class Daemon:
         stdout, pubq = self.stdout, self.pubq if self.mqtt_out else None
         retain, as_array = self.cfg.output.retain, self.cfg.output.batch
         topic_of = self.output_topic
-        # every batch's lines to stdout in one write (a write per stream cost 22 us a new stream)
+        # every batch's lines to stdout in one write, not a write per stream
         if pubq is None:
             out = encode_all(batches, eps) if stdout is not None and batches else []
         else:
@@ -775,8 +775,8 @@ class Daemon:
         self.pubq.put(topic, json.dumps(msg).encode(), True, 0)
 
     def publish_statuses(self) -> None:
-        """The status of every stream whose status became due since the last pass (the router's pending names:
-        a pass at a million streams visited them all, 35-50 ms every ``status_interval``)."""
+        """The status of every stream whose status became due since the last pass (the router's pending names,
+        not every stream: a pass over a million streams would stop the loop every ``status_interval``)."""
         router = self.router
         pending = router.status_pending
         if not pending:

@@ -6,7 +6,7 @@ reconnection. Records: ``!I`` topic length, topic, ``!I`` payload length, payloa
 
 ``outbox.pos`` (JSON ``{"gen", "offset"}``, replaced atomically) says where the unread part starts. It is written
 *after* each checkpoint's commit (whose outbox holds what was read back into memory): a crash between the two reads
-some messages twice (byte-identical repeats, as the README allows), never loses one. A spill read to its end at a
+some messages twice (byte-identical repeats, as docs/delivery.md allows), never loses one. A spill read to its end at a
 checkpoint is deleted and the next one starts empty. A torn last record (a crash while appending) is cut off.
 Every file here is made mode 0600 (releases waiting for the broker are private until they are published).
 

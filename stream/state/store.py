@@ -132,7 +132,7 @@ def _encoded(states: dict[str, Any], now: str, *, polite: bool) -> list[tuple[st
 
     ``polite`` (the daemon's writer thread): every millisecond of encoding, the interpreter is offered to the event
     loop (``time.sleep(0)`` releases it), which otherwise waits for the interpreter's 5 ms switch each time it wants it
-    back; a checkpoint of many holdouts (snapshots and JSON, tens of microseconds each) then takes a small share of the
+    back; a checkpoint of many holdouts (snapshots and JSON) then takes a small share of the
     loop's time, and more time of its own, while readings flow."""
     rows = []
     mark = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Cluster workers on a real 3-node NATS JetStream cluster (issue 14): partitions leased in the key-value store,
+"""Cluster workers on a real 3-node NATS JetStream cluster: partitions leased in the key-value store,
 kill -9 of a worker and of a NATS node mid-stream, a worker added, and the releases against the replay."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from stream import cli
 from tests.support import HOSTILE_SCALARS, HUGE, short_id, watchdog
 
 KEY = "5a" * 32
-T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+T0 = 1_767_225_600.0  # 1 January 2026, 00:00 UTC
 
 
 def run_cli(*argv: object, seconds: int = 60) -> tuple[int, str, str]:

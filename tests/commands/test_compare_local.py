@@ -1,4 +1,4 @@
-"""``tops compare --mode local`` and the reference ToPL it compares against (issue 17's table).
+"""``tops compare --mode local`` and the reference ToPL it compares against.
 
 The reference baseline must be the authors' pipeline with its Piecewise bug fixed: its stream phase unbiased (the
 bug mapped reports back with a sample's piece bound instead of the domain's), its threshold rule the one of its code.

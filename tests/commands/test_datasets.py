@@ -1,4 +1,4 @@
-"""The shipped data sets (issue 11 item 1): in the repository, compressed, licensed, reachable by name."""
+"""The shipped data sets: in the repository, compressed, licensed, reachable by name."""
 
 from __future__ import annotations
 

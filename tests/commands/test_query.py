@@ -1,4 +1,4 @@
-"""``tops query`` and the noise model of a range sum (issue 11 item 3): the formula against the dense tree and against
+"""``tops query`` and the noise model of a range sum: the formula against the dense tree and against
 the empirical error of ``tops replay`` on shipped data; answers from a file and live from the daemon's topic."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every device-side path we ship sends ``seq`` and a re-run does not reuse numbers (issue 10 item 5)."""
+"""Every device-side path we ship sends ``seq`` and a re-run does not reuse numbers."""
 
 from __future__ import annotations
 

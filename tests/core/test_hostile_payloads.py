@@ -61,7 +61,7 @@ def test_seeded_fuzz_of_every_decoder_raises_only_payload_errors() -> None:
 @pytest.mark.parametrize("field", ["value", "ts", "seq"])
 @pytest.mark.parametrize("number", [HUGE, "-" + HUGE, "1e400", "NaN", "Infinity"])
 def test_out_of_range_in_every_field_is_a_payload_error(field: str, number: str) -> None:
-    """10^400 (the crash-loop message of issue 10), infinities and NaN in each field: rejected, alone or batched."""
+    """10^400 (an integer no float holds), infinities and NaN in each field: rejected, alone or batched."""
     obj = {"value": "1", "ts": "1700000000", "seq": "7"}
     obj[field] = number
     text = "{" + ", ".join(f'"{k}": {v}' for k, v in obj.items()) + "}"

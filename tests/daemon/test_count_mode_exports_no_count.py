@@ -1,5 +1,6 @@
 """With period counts the number of events is the protected value: no metric, log line or status may carry it
-(issue 9, item 3). The old daemon exported ``tops_readings_total{result="ok"}`` every 0.25 s: exactly the count.
+(a counter of accepted readings such as ``tops_readings_total{result="ok"}``, scraped at a period's end, is exactly
+the count).
 
 The attack: feed a stream 5 events in one run and 37 in another (one open period each) and scrape everything the
 daemon exports. In count mode both scrapes must be identical; in sum mode (where the count is public and the sum

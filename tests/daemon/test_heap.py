@@ -43,8 +43,8 @@ def _child(code: str, tmp: Path) -> dict:
 
 @pytest.mark.parametrize("keeper", [False, True])
 def test_a_full_pass_walks_only_what_was_made_since_the_last_freeze(tmp_path: Path, keeper: bool) -> None:
-    """The attack: 3,000 streams in their holdout, then a full pass of the collector. Without the keeper (the
-    daemon before it) the pass walks every stream's objects, about 8 each (a 42-102 ms pause at 10,000 streams);
+    """The attack: 3,000 streams in their holdout, then a full pass of the collector. Without the keeper the pass
+    walks every stream's objects, about 8 each (a pause that grows with the streams);
     with it, once the accounting loop froze what lives, it walks fewer objects than there are streams."""
     code = _DAEMON.replace("HOLDOUT", "100").replace("HEAP", "Heap(freeze_every=0.0)" if keeper else "None") + """
 for r in range(2):

@@ -56,9 +56,9 @@ def test_read_ahead_socket_serves_small_reads_from_one_recv() -> None:
 
 
 def test_qos0_messages_received_before_a_lost_connection_are_processed_on_resume() -> None:
-    """Item 4: messages still in the incoming queue when the connection ends. QoS 1 ones (not acknowledged) wait
+    """Messages still in the incoming queue when the connection ends. QoS 1 ones (not acknowledged) wait
     for the CONNACK: the broker redelivers them if it kept the session. QoS 0 ones are never redelivered: they are
-    processed at once, never thrown away by the backlog settling (before: all discarded when the session stayed)."""
+    processed at once, never thrown away by the backlog settling (even when the broker kept the session)."""
     import aiomqtt
 
     from stream.core.metrics import Metrics

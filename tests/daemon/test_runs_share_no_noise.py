@@ -1,9 +1,9 @@
-"""A key never meets two datasets: two runs on one key file must not share noise (issue 9, item 1).
+"""A key never meets two datasets: two runs on one key file must not share noise.
 
 The attack: run ``tops run`` twice with the same master key file on inputs that differ in one reading. If both runs
 derived the same stream keys, tick t would carry the same noise in both, and the difference of the releases would
-reveal the changed reading exactly (98% of the releases were identical on the old code, and they differed by exactly
-the change). Keys now derive from a random identity of the run (no durable state) or of the state store, so the two
+reveal the changed reading exactly (98% of the releases would be identical, and they would differ by exactly the
+change). Keys derive from a random identity of the run (no durable state) or of the state store, so the two
 runs share no noise; a restart on the same store keeps its identity and reproduces its releases bit for bit.
 """
 
@@ -82,7 +82,7 @@ def test_two_runs_on_one_key_file_share_no_noise(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("method", [m for m in DAEMON_METHODS if m != "tops"])
 def test_every_baseline_method_gets_fresh_noise_per_run(tmp_path: Path, method: str) -> None:
-    """The baselines run without durable state, so every restart used to reuse their noise."""
+    """The baselines run without durable state: every run must still draw fresh noise."""
     x, y = _values()
     a, _ = _run_config(tmp_path, method, "", x)
     b, _ = _run_config(tmp_path, method, "", y)

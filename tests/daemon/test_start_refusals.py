@@ -1,5 +1,5 @@
-"""Refusals at start: each problem is one line on stderr and exit code 2, never a traceback (issue 10 item 7,
-issue 11 item 4); ``tops run --check`` checks what the start checks and lists every problem at once."""
+"""Refusals at start: each problem is one line on stderr and exit code 2, never a traceback;
+``tops run --check`` checks what the start checks and lists every problem at once."""
 
 from __future__ import annotations
 

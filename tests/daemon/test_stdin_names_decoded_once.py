@@ -1,4 +1,4 @@
-"""The stdin intake's common line (issue 13): a ``stream,value`` line of a stream already seen skips the decoding of
+"""The stdin intake's common line: a ``stream,value`` line of a stream already seen skips the decoding of
 its name (the name's bytes, as lines give them, map to the name the full decoder checked once). Whatever a line holds,
 the daemon must do exactly what the full decoder makes of it: the same releases, the same counts of messages and
 readings, the same failed streams. The attack: lines that look like the common line but are not (JSON with one comma,

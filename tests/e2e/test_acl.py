@@ -1,5 +1,5 @@
 """deploy/ as shipped, on Debian's Mosquitto (stock mosquitto.conf + our drop-in + ACL): each role can do exactly
-what it needs and nothing more (issue 11, section 2).
+what it needs and nothing more.
 
 Devices have one account each, named after their stream: a device writes only its own readings (or reports) and
 reads only its own control topic; the daemon (svc/tops) reads input and writes output; a consumer (svc/consumer)

@@ -160,7 +160,7 @@ def test_a_broker_sigkill_never_counts_a_reading_with_seq_twice(mosquitto_acl, t
     old, and delivers again what the daemon had taken and acknowledged since (with DUP clear when it was still
     queued then), under packet ids it gives to new messages as well; the devices send again what they had in flight.
     The daemon drops those repeats by `seq` (counted `duplicate`): no reading makes two ticks. (Without `seq` such
-    repeats cannot be told from new readings: see the README's remaining windows.)"""
+    repeats cannot be told from new readings: see the remaining windows in docs/delivery.md.)"""
     from tests.support import ACL_USERS
 
     broker = mosquitto_acl

@@ -1,4 +1,4 @@
-"""Every file of deploy/ exercised with the real program it is for (issue 11, section 2; issue 10, item 8).
+"""Every file of deploy/ exercised with the real program it is for.
 
 * Prometheus: `promtool check config` on deploy/prometheus.yml, `promtool check rules` and `promtool test rules` on
   the shipped alerting rules, and every metric the rules use is exported by a real daemon (a renamed metric would

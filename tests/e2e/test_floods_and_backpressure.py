@@ -1,6 +1,6 @@
-"""Floods and backpressure through a real Mosquitto (issue 10, items 2-4): bounded memory, ticks keep flowing, what
-cannot be taken at QoS 0 is counted, no release is dropped while connected, nothing received is discarded on resume.
-"""
+"""Floods and backpressure through a real Mosquitto: bounded memory, ticks keep flowing, what cannot be taken at QoS 0
+is counted, no release is dropped while connected or while the broker is down, the readings a broker dropped come
+once, and a hung broker is given up."""
 
 from __future__ import annotations
 
@@ -104,8 +104,8 @@ def test_qos0_flood_bounded_memory_ticks_flow_and_overload_counted(mosquitto_unb
 
 
 def test_one_release_per_tick_with_a_small_publish_queue_while_connected(mosquitto, tmp_path: Path) -> None:
-    """Item 3: one legal batch of 20,000 readings with `publish_queue = 100`: every tick is released exactly once
-    at the consumer (before: all but the last 100 of them were dropped by the publish queue, the broker up)."""
+    """One legal batch of 20,000 readings with `publish_queue = 100`: every tick is released exactly once at the
+    consumer (a publish queue that dropped would lose all but the last 100, the broker up)."""
     n = 20_000
     mport = free_port()
     cfg = daemon_config(tmp_path, mosquitto.port, mport, output={"publish_queue": 100, "status_topic": ""},
@@ -147,9 +147,9 @@ class SessionSubscriber(Subscriber):
 
 def test_releases_made_while_the_broker_is_down_spill_to_disk_and_all_arrive(mosquitto_persistent,
                                                                               tmp_path: Path) -> None:
-    """Item 3: readings keep coming on stdin while the broker is down; the releases that do not fit in
+    """Readings keep coming on stdin while the broker is down; the releases that do not fit in
     `publish_queue = 50` go to the outbox on disk (durable state) and every one arrives after the restart, once per
-    tick (before: all but the last 50 were dropped)."""
+    tick (a queue that dropped would keep only the last 50)."""
     broker = mosquitto_persistent
     mport = free_port()
     cfg = daemon_config(tmp_path, broker.port, mport, input={"source": "stdin"},
@@ -219,8 +219,8 @@ def test_a_qos0_flood_through_the_shipped_broker_never_stalls_the_releases(mosqu
     daemon fills, and from then on Mosquitto drops every packet it owes the daemon, the PUBACKs of its releases and
     the QoS 1 readings of a second device sent meanwhile included. After the flood every tick the daemon made is
     confirmed by the broker and every reading of the second device is released: the daemon saw that the broker
-    stopped answering, and reconnected (before: the publish window stayed full for good, intake waited, and every
-    later reading was counted `overload`)."""
+    stopped answering, and reconnected (otherwise the publish window stays full for good, intake waits, and every
+    later reading is counted `overload`)."""
     from tests.support import ACL_USERS
 
     broker = mosquitto_acl
@@ -282,7 +282,7 @@ def test_readings_the_broker_dropped_during_a_flood_come_once_nothing_is_in_flig
     broker's queue for the daemon; a device's 100 QoS 1 readings sent meanwhile are dropped by the broker and
     counted by it as in flight to the daemon, which MQTT sends again only on a new connection. The daemon probes the
     broker while it receives, finds its probes unanswered once the flood has been read, and reconnects: every
-    reading is processed and released (before: none of them ever was)."""
+    reading is processed and released (without the probe, none of them ever is)."""
     broker = mosquitto_small_queue
     broker_log = broker.conf.with_suffix(".log")
     mport = free_port()
@@ -313,8 +313,8 @@ def test_a_hung_broker_is_given_up_and_every_release_goes_out_once_it_answers(mo
     """The broker hangs (SIGSTOP: its socket stays open, it reads and answers nothing) while the daemon publishes
     the releases of readings arriving on stdin. Nothing comes back, so the daemon's socket is drained and the
     releases in flight wait for PUBACKs that never come: after `[mqtt] timeout` seconds the daemon gives the
-    connection up, counts it, and keeps trying to connect; once the broker runs again every release arrives (before:
-    nothing noticed the hang until the MQTT keepalive, 1.5 to 2 keepalive periods later)."""
+    connection up, counts it, and keeps trying to connect; once the broker runs again every release arrives (the MQTT
+    keepalive alone would notice the hang only 1.5 to 2 keepalive periods later)."""
     import signal
 
     mport = free_port()

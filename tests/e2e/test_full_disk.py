@@ -225,8 +225,8 @@ def test_a_full_disk_with_an_mqtt_sink_makes_the_daemon_wait_and_retry_not_exit(
 def test_a_disk_left_three_pages_makes_a_checkpoint_wait_not_the_daemon_exit(small_disk: SmallDisk, mosquitto,
                                                                              tmp_path: Path) -> None:
     """The disk filled to its last three pages while the daemon is idle between checkpoints (MQTT sink): the next
-    checkpoint's journal segment and store commit take them, and the outbox's position file used to find no room,
-    its OSError ending the daemon (exit 1). Now the write that finds no room waits and is retried; once space
+    checkpoint's journal segment and store commit take them, and the outbox's position file finds no room: its
+    OSError must not end the daemon (exit 1). The write that finds no room waits and is retried; once space
     returns every reading is released exactly once."""
     rng = np.random.default_rng(12)
     values = rng.integers(0, 100, size=200).astype(float) + 0.25
@@ -535,8 +535,8 @@ def test_a_journal_write_the_disk_cuts_is_finished_by_the_retry_and_replayed_onc
 
 def test_a_store_checkpoint_the_disk_refuses_midway_is_reported_as_full_and_retried(small_disk: SmallDisk) -> None:
     """A checkpoint larger than the store's page cache meets a full disk inside its transaction: SQLite rolls it
-    back itself, and the store's ROLLBACK used to fail ("cannot rollback - no transaction is active") and hide the
-    full disk (no retry, a misleading error). The disk's SQLITE_FULL comes out, the retry commits it all once space
+    back itself, and a second ROLLBACK by the store would fail ("cannot rollback - no transaction is active") and hide
+    the full disk (no retry, a misleading error). The disk's SQLITE_FULL comes out, the retry commits it all once space
     returns."""
     store = Store.open(small_disk.path / "state.db")
     store.commit_checkpoint([("{}", "t", "a")], 1, [], writer=True)

@@ -1,4 +1,4 @@
-"""Stream slots (issue 10 item 6): idle streams leave memory after ``[streams] idle_timeout``, so garbage topic
+"""Stream slots: idle streams leave memory after ``[streams] idle_timeout``, so garbage topic
 names cannot hold ``max_streams`` for good; an evicted stream continues exactly where it was (its releases equal
 ``tops replay`` of its whole input); ``tops state retire`` retires a stream on a stopped daemon."""
 
@@ -78,7 +78,7 @@ def test_garbage_names_are_evicted_and_an_evicted_stream_continues_exactly(mosqu
 
 
 def test_poison_messages_do_not_stop_the_daemon_nor_its_restart(mosquitto, tmp_path: Path) -> None:
-    """Issue 10 item 1 against a real broker: 10^400 in ts, seq and value, alone and in a batch, sent while the
+    """Poison messages against a real broker: 10^400 in ts, seq and value, alone and in a batch, sent while the
     daemon runs and while it is down (queued by the broker, delivered at the start): the daemon stays up, counts
     them invalid and acknowledges them, the other stream releases everything, a restart does not die."""
     huge = "1" + "0" * 400

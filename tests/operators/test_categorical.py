@@ -135,7 +135,7 @@ def test_olh_is_unbiased_on_heavy_tailed_data_with_its_closed_form_variance(eps:
 
 
 def test_olh_integer_g_and_its_variance_match_the_thesis_table() -> None:
-    # seed 004, table 12.2: g = round(e^eps) + 1 and Var*/n at that g; the real optimum gives OUE's 4e^eps/(e^eps-1)^2
+    # Finnegan, table 12.2: g = round(e^eps) + 1 and Var*/n at that g; the real optimum gives OUE's 4e^eps/(e^eps-1)^2
     table = {0.5: (3, 15.8174), 1.0: (4, 3.69165), 2.0: (8, 0.724591), 3.0: (21, 0.220565), 5.0: (149, 0.0273187)}
     for eps, (g, var) in table.items():
         assert olh_g(eps) == g
@@ -303,7 +303,7 @@ def test_laplace_histogram_in_chunks_is_one_draw() -> None:
 def test_stability_threshold_meets_delta_and_the_thesis_threshold_does_not() -> None:
     n = 2_750_238
     delta = 1 / (2 * n)
-    assert stability_threshold(5.0, delta) == pytest.approx(7.4854, abs=1e-4)  # seed 004, table 12.4 (+1)
+    assert stability_threshold(5.0, delta) == pytest.approx(7.4854, abs=1e-4)  # Finnegan, table 12.4 (+1)
     for eps in np.arange(0.5, 5.01, 0.5):
         assert stability_delta(eps, delta) <= delta
         assert stability_delta(eps, delta, "add-remove") <= delta

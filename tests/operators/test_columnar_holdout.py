@@ -1,4 +1,4 @@
-"""Holdouts as rows of a columnar store (issue 13): a ToPS stream in its holdout on the compact grid keeps its
+"""Holdouts as rows of a columnar store: a ToPS stream in its holdout on the compact grid keeps its
 histogram and block statistics in one row of arrays shared by its configuration, counted in one compiled pass. The
 attacks: a row must hold the very numbers the stream's own operator would (or its choice, its snapshot and every later
 release change), a reading must never end a holdout inside the compiled pass (the choice is the operator's), a

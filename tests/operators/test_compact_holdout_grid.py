@@ -1,4 +1,4 @@
-"""The compact holdout grid (``holdout_grid = "compact"``, issue 13): a holdout in O(log B) cells, the same
+"""The compact holdout grid (``holdout_grid = "compact"``): a holdout in O(log B) cells, the same
 operator otherwise; what it stores can not be continued under the other grid; the pending readings keep any unit."""
 
 from __future__ import annotations

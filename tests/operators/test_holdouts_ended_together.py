@@ -1,4 +1,4 @@
-"""Many holdouts ended together (issue 13): ``ToPS.hold`` takes a holdout's last readings without the choice,
+"""Many holdouts ended together: ``ToPS.hold`` takes a holdout's last readings without the choice,
 ``end_holdouts`` makes the choices of many streams at once (the small holdout's branch of the calibrated choice in a
 few compiled calls: ``operators.selection.choose_small_many``), and the router ends every holdout of a processing step
 that way. Each stream must release exactly what its own ``process`` releases (a daemon and ``tops replay`` must agree,

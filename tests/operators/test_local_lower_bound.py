@@ -1,4 +1,4 @@
-"""The two-point bound of issue 17 (operators/local/lower_bound.py), checked against Eq. 8 written out by hand."""
+"""Le Cam's two-point bound (operators/local/lower_bound.py), checked against Eq. 8 written out by hand."""
 
 from __future__ import annotations
 

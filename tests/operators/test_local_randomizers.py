@@ -1,4 +1,4 @@
-"""SR, PM and HM (seed 001, Appendix E.2, Eq. 19, Eq. 22): unbiasedness, closed-form variances, output ranges."""
+"""SR, PM and HM (Wang et al., CCS 2021, App. E.2, Eq. 19, 22): unbiasedness, closed-form variances, output ranges."""
 
 from __future__ import annotations
 

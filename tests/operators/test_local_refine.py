@@ -1,4 +1,4 @@
-"""The coarse-then-fine threshold phase of local mode (issue 17): when the public bound dwarfs the data, a quarter of
+"""The coarse-then-fine threshold phase of local mode: when the public bound dwarfs the data, a quarter of
 the holdout finds the scale and the rest reports Square Wave over [0, U].
 
 Each test can fail: the device refuses a domain above its pinned bound; replay and the daemon's server half pick the

@@ -1,4 +1,4 @@
-"""Square Wave (seed 001, Eq. 16, Section 4.1): the density, its transition matrix, EM and SW-W pruning."""
+"""Square Wave (Wang et al., CCS 2021, Eq. 16, Section 4.1): the density, its transition matrix, EM and SW-W pruning."""
 
 from __future__ import annotations
 

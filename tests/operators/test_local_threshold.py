@@ -1,4 +1,5 @@
-"""The ToPL threshold (seed 001, Eq. 8 with Var from Eq. 22; bias coefficient r^2/6 per DESIGN.md)."""
+"""The ToPL threshold (Wang et al., CCS 2021, Eq. 8 with Var from Eq. 22; the bias coefficient r^2/6, the average
+squared range length, where the paper's text has r^2/24)."""
 
 from __future__ import annotations
 

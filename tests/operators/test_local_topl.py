@@ -1,4 +1,5 @@
-"""ToPL as one operator (seed 001, Section 4): configuration, the DNS stream, determinism, snapshot and restore."""
+"""ToPL as one operator (Wang et al., CCS 2021, Section 4): configuration, the DNS stream, determinism, snapshot and
+restore."""
 
 from __future__ import annotations
 

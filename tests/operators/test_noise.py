@@ -1,4 +1,4 @@
-"""The exact discrete Laplace sampler (issue 9, item 4): pmf, addressability, determinism, overflow path.
+"""The exact discrete Laplace sampler: pmf, addressability, determinism, overflow path.
 
 Statistical tests use fixed keys (so they are deterministic) and state their tolerance: a chi-square goodness of
 fit against the closed form ``P(X = k) = (1 - a) / (1 + a) a^|k|`` must not reject at level 1e-4, and the same

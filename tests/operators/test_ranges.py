@@ -1,4 +1,5 @@
-"""Range counting (seed 000) and count-of-counts (seed 002): the test oracles of the seed notes (part C), each
+"""Range counting (Friis, thesis 2021) and count-of-counts (Kuo et al., PVLDB 2018): the papers' worked examples as
+oracles, each
 mechanism's empirical error against its closed form, consistency, and keyed, replayable noise."""
 
 from __future__ import annotations

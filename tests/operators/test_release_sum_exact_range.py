@@ -1,5 +1,5 @@
-"""The range where "consistent noise on the 1/1024 grid + integer true sum is exact in float64" holds (issue 9,
-item 4), and its refusal in ToPSConfig (operators.hierarchy.exact_range_problem)."""
+"""The range where "consistent noise on the 1/1024 grid + integer true sum is exact in float64" holds, and
+its refusal in ToPSConfig (operators.hierarchy.exact_range_problem)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The calibrated choice of (theta, s) and the smoother's start (operators.selection, issue 12).
+"""The calibrated choice of (theta, s) and the smoother's start (operators.selection).
 
 Each test can fail: the noise constant against the operator's own noise, the accounting of the split, an empirical
 privacy check on neighbouring holdouts, and accuracy against the paper's selection on streams where Eq. 7's bias
@@ -236,7 +236,7 @@ def test_one_reading_at_a_time_with_checkpoints_gives_the_batch_releases() -> No
 
 
 def test_the_vectorised_model_is_the_scalar_model_bit_for_bit() -> None:
-    """``_best_model`` (issue 13: one array pass instead of a Python call per theta and s) must pick exactly what the
+    """``_best_model`` (one array pass instead of a Python call per theta and s) must pick exactly what the
     scalar model picks: the same float64 at every theta, random parameters included."""
     from operators.selection import _best_model
 

@@ -1,4 +1,4 @@
-"""Holdouts that end row to row (issue 13): on the compact grid, a holdout too short to measure a leaf width (the
+"""Short holdouts live and end as rows: on the compact grid, a holdout too short to measure a leaf width (the
 calibrated choice's small branch) is a row of a columnar holdout from its first reading, takes its last reading in the
 row too, its choice is made from the rows (``ColumnarHoldout.choose_ends``) and it goes straight into a release row
 (``ColumnarRelease.add_started``), with no ToPS object on the way. Each stream must still release exactly what its

@@ -1,7 +1,7 @@
-"""Signed readings: clamped to the public [lower, bound], never dropped (issue 9, item 5).
+"""Signed readings: clamped to the public [lower, bound], never dropped.
 
-The attack on the old code: ``5, 7, -3, 4, -1, 9`` made 4 ticks, so the missing ticks showed which readings were
-negative. Every finite reading must make its tick, whatever its value.
+The attack: if ``5, 7, -3, 4, -1, 9`` made 4 ticks, the missing ticks would show which readings were negative. Every
+finite reading must make its tick, whatever its value.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _run(args: list[str], lines: list[str]) -> list[dict]:
 def test_negative_readings_make_their_ticks(tmp_path: Path) -> None:
     base = ["--holdout", "2", "--bound", "10", "--range", "16", "--fanout", "4", "--key-file", str(tmp_path / "k")]
     rel = _run(base, ["5", "7", "-3", "4", "-1", "9"])
-    # ticks 0-1 are the holdout; the old code made 2 releases, the gaps at the negative readings
+    # ticks 0-1 are the holdout; every reading after it makes its tick, the negative ones too
     assert [r["tick"] for r in rel] == [2, 3, 4, 5]
     # a negative reading is indistinguishable from 0 (clamped to lower = 0): same release as with 0 there
     key = bytes(range(32))

@@ -85,7 +85,7 @@ def test_eq7_s_matches_brute_force(eps: float, theta: float, r: int, b: int) -> 
 
 
 def test_eq7_rounded_continuous_not_integer_argmin() -> None:
-    """DESIGN.md: at eps = 0.05, r = 2^20, b = 16 the integer argmin is 2 but the reference rounds x* to 3."""
+    """At eps = 0.05, r = 2^20, b = 16 the integer argmin is 2 but the reference code rounds x* to 3 (as tops does)."""
     f_int = [float(eq7_error(s, epsilon=0.05, theta=1.0, query_range=2**20, fanout=16)) for s in range(5)]
     assert int(np.argmin(f_int)) == 2
     assert smoother_layers(0.05, 2**20, 16) == 3

@@ -1,4 +1,4 @@
-"""Checkpoints append the changed streams' states; a fold moves them into the streams' rows (issue 13).
+"""Checkpoints append the changed streams' states; a fold moves them into the streams' rows.
 
 Each test breaks a promise that comes with it: a checkpoint writes a few pages in order, not one page per stream; a
 reader always gets a stream's latest state; an older generation's state never comes back for a new generation, and

@@ -31,9 +31,9 @@ def restarted(checkpoint: list[list[int]], marks: list[dict[str, Any]]) -> Redel
 def test_a_repeat_whose_acknowledgement_was_lost_is_still_a_repeat_on_the_next_connection() -> None:
     """Connection 1 processes X; the broker drops it before X's PUBACK. Connection 2: X again (DUP) is recognised and
     its PUBACK queued, then a new message Y (DUP clear) arrives, and connection 2 breaks before X's PUBACK is written.
-    Connection 3: the broker sends X a third time. It must still be a repeat (the old code had dropped X's entry
-    when Y arrived: 'the broker resends everything unacknowledged first' is true, but X's resend was not
-    acknowledged yet)."""
+    Connection 3: the broker sends X a third time. It must still be a repeat (a table that dropped X's entry
+    when Y arrived would miss it: 'the broker resends everything unacknowledged first' is true, but X's resend was
+    not acknowledged yet)."""
     r, _ = table()
     x, y = r.digest("meters/a/reading", b"5"), r.digest("meters/a/reading", b"7")
     r.connected(session_present=False)
