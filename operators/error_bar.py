@@ -9,7 +9,7 @@ moving-average smoothers make ``p_k`` a fixed linear combination of earlier ``u_
     V~ - E[V~] = sum_k c_k Z_k,        Var[V~] = sum over trees  sigma^2 * || M^T c_tree ||^2          (1)
 
 where ``M`` is the linear map from the independent node noises of one tree to its consistent leaf noises (Hay et
-al.'s two passes, Wang et al., CCS 2021, Appendix C: bottom-up ``z = a_l N + (1 - a_l) sum z(children)``, top-down
+al.'s two passes, seed 001 Appendix C: bottom-up ``z = a_l N + (1 - a_l) sum z(children)``, top-down
 ``c = z + (c(parent) - sum z(siblings)) / b``), ``sigma^2 = 2a / (1 - a)^2`` the variance of a node's discrete
 Laplace noise with ``a = exp(-(eps / L) / theta)`` in quantized units (:mod:`operators.noise`), ``L = h - s``, and trees
 are independent (fresh noise per tree). ``M^T c`` is computed by running the two passes backwards (their adjoint), in
