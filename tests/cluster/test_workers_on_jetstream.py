@@ -353,11 +353,14 @@ def test_the_shipped_node_configurations_are_the_template_for_three_hosts() -> N
                                          MQTT_PORT=1883, STORE="/var/lib/nats/jetstream", PARTITIONS=64,
                                          ROUTES=", ".join(f"nats-route://nats{k}:6222" for k in (1, 2, 3)))
         assert text.split("\n", 1)[1] == want
-        if Path(NATS_SERVER).exists():
-            r = subprocess.run([NATS_SERVER, "-c", str(d / f"nats{i}.conf"), "-t"], capture_output=True, timeout=30,
-                               check=False)
-            assert r.returncode == 0, r.stderr.decode()
     assert load_config(d / "worker.toml").nats.partitions == 64
+    if not Path(NATS_SERVER).exists():
+        pytest.skip("nats-server is not installed: the files match the template, nats-server's own check of them "
+                    "is skipped (.ci/run installs it)")
+    for i in (1, 2, 3):
+        r = subprocess.run([NATS_SERVER, "-c", str(d / f"nats{i}.conf"), "-t"], capture_output=True, timeout=30,
+                           check=False)
+        assert r.returncode == 0, r.stderr.decode()
 
 
 @pytest.mark.network

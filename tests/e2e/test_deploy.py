@@ -155,13 +155,16 @@ def test_install_script_makes_a_working_tree_and_prints_its_next_steps(tmp_path:
     lines = [x for x in chk.stderr.splitlines() if x.strip()]
     assert lines and all("Traceback" not in x for x in lines)
     assert any("password_file" in x for x in lines)  # /etc/tops/mqtt-password is not there yet
+    # the unit, with its paths moved into the temporary root, passes systemd's own check
     analyze = shutil.which("systemd-analyze")
-    if analyze:  # the unit, with its paths moved into the temporary root, passes systemd's own check
-        local = tmp_path / "tops.service"
-        local.write_text(unit.replace("/opt/tops/venv/bin/tops", str(tops))
-                         .replace("/etc/tops/tops.toml", str(dest / "etc/tops/tops.toml")))
-        ver = run_tool([analyze, "verify", str(local)])
-        assert ver.returncode == 0, ver.stdout + ver.stderr
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed: all but systemd's own check of the unit passed "
+                    "(.ci/run installs it)")
+    local = tmp_path / "tops.service"
+    local.write_text(unit.replace("/opt/tops/venv/bin/tops", str(tops))
+                     .replace("/etc/tops/tops.toml", str(dest / "etc/tops/tops.toml")))
+    ver = run_tool([analyze, "verify", str(local)])
+    assert ver.returncode == 0, ver.stdout + ver.stderr
 
 
 def test_an_interpreter_the_service_user_cannot_run_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from operators import ToPS, ToPSConfig
 from operators.noise import KeyedGenerator
+from operators.topl import ToPL, ToPLConfig
 
 KEY = bytes(range(32))
 
@@ -17,10 +18,6 @@ KEY = bytes(range(32))
 def _cases():
     yield "tops", lambda: ToPS(ToPSConfig(epsilon=0.5, bound=40, holdout=200, query_range=1024, fanout=4), KEY)
     yield "tops-fixed-theta", lambda: ToPS(ToPSConfig(epsilon=0.5, bound=40, theta=12, query_range=256), KEY)
-    try:
-        from operators.topl import ToPL, ToPLConfig
-    except ImportError:
-        return
     yield "topl", lambda: ToPL(ToPLConfig(epsilon=1.0, bound=40, holdout=300, query_range=1024), KEY)
 
 
