@@ -23,6 +23,15 @@ from tests.support import (
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that start a NATS cluster run one after another on one worker (xdist group "nats"): three servers
+    and their workers each."""
+    for item in items:
+        if "nats_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("nats"))
+
+
 @pytest.fixture
 def mosquitto(tmp_path: Path) -> Iterator[Broker]:
     """An anonymous broker on a free loopback port, persistence off."""

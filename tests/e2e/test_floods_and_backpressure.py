@@ -27,7 +27,8 @@ from tests.support import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.network, pytest.mark.slow]
+# floods load the machine and these tests measure progress under them: one at a time (see pyproject.toml)
+pytestmark = [pytest.mark.network, pytest.mark.slow, pytest.mark.xdist_group("heavy")]
 
 
 @pytest.fixture

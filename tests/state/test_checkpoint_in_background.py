@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.support import (
     TEMPLATE,
@@ -27,6 +28,9 @@ from tests.support import (
     tops,
     wait_for,
 )
+
+# it times intake while a checkpoint waits: not beside a flood (see pyproject.toml)
+pytestmark = pytest.mark.xdist_group("heavy")
 
 
 def test_intake_goes_on_while_a_checkpoint_waits_for_the_store_and_kill9_then_loses_nothing(tmp_path: Path) -> None:
