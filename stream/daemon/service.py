@@ -882,7 +882,7 @@ def _template_key(flag: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", metavar="TOML", help="configuration file (see the README); "
+    parser.add_argument("--config", "-c", metavar="TOML", help="configuration file (docs/configuration.md); "
                         "without it: readings on stdin, JSONL releases on stdout")
     for flag, kind in _TEMPLATE_FLAGS.items():
         parser.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,
