@@ -247,8 +247,11 @@ def keyed_permute_and_flip(scores: np.ndarray, epsilon: float, score_bound: floa
     gaps = q.max() - q
     walk = _compiled_walk() if budgets and compiled_loaded() else None
     if walk is not None:
-        for count in budgets:  # the words as the kernel was compiled for (C order, writable: a copy of a few KB)
-            k = walk(np.require(gen.words(domain, address, 0, count), np.uint64, ["C", "W"]), gaps, grid.shift)
+        for count in budgets:
+            words = gen.words(domain, address, 0, count)
+            if not words.flags.writeable:  # as the kernel was compiled for (OpenSSL's words are read-only)
+                words = words.copy()
+            k = walk(words, gaps, grid.shift)
             if k >= 0:
                 return int(k)
     return flip_walk(gaps.tolist(), grid.shift, KeyBits(functools.partial(gen.words, domain, address)))

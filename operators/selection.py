@@ -518,8 +518,10 @@ def _fallback_pick(hist: np.ndarray | Cells, base: np.ndarray, gen: KeyedGenerat
     address 4: compiled (``kernels``) while the first words suffice (``budgets``: a few words nearly always do),
     else the Python walk; the same index either way (tested)."""
     if kernels is not None:
-        for count in budgets:  # the words as the kernels are compiled for (C order, writable: OpenSSL's are not)
-            words = np.require(gen.words(int(Domain.THRESHOLD), 4, 0, count), np.uint64, ["C", "W"])
+        for count in budgets:
+            words = gen.words(int(Domain.THRESHOLD), 4, 0, count)
+            if not words.flags.writeable:  # as the kernels are compiled for (OpenSSL's words are read-only)
+                words = words.copy()
             if isinstance(hist, Cells):  # from the occupied cells (base grows with theta: monotone)
                 k = kernels[1](hist.index, hist.count, base, words, grid.scale, grid.shift)
             else:
