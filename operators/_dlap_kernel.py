@@ -19,7 +19,7 @@ _CHUNK = 8
 _MAX_V = 1 << 20
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _take(words, base, nbits, cur, k):
     """The next ``k`` (1..64) bits at ``cur`` of the sequence at ``words[base:]``; -1 as cursor when past the end."""
     c = cur

@@ -87,7 +87,7 @@ class Domain(enum.IntEnum):
     """What a keystream is for; the high part of the 32-bit domain field of the nonce."""
 
     HIERARCHY = 1  # node noise of the perturber; low 16 bits carry the layer
-    THRESHOLD = 2  # report-noisy-max noise of the threshold optimizer
+    THRESHOLD = 2  # the threshold optimizer's draws (permute-and-flip, discrete Laplace)
     LOCAL = 3  # randomizers of the local-DP mode
     BASELINE = 4  # baselines and audits
     CATEGORICAL = 5  # categorical streams (operators/categorical): low 16 bits carry the purpose

@@ -38,27 +38,28 @@ independent of the rest and has mean 0)::
 shares are :data:`BUDGET_SPLIT`):
 
 1. 10% (more, up to 30%, taken from step 3 when m eps_T is small): ``q_k``, the candidate with about ``k`` holdout
-   values above it, ``k`` = twice the rank error of this step (as high in the tail as the budget can see), by the
-   exponential mechanism on 48 geometric points (utility ``-|m_t - k|``, sensitivity 1, not monotone: noise
-   ``Exp(2 / eps)``). When even 30% cannot get ``k <= m / 4``, theta comes from counts alone (``e = 1``) with the
-   shares of steps 1 and 2: report-noisy-max over every candidate, its noise drawn from the largest down
-   (:mod:`operators.noisy_max`, the same distribution for a few draws).
+   values above it, ``k`` = twice the rank error of this step (as high in the tail as the budget can see), by
+   permute-and-flip on 48 geometric points (utility ``-|m_t - k|``, sensitivity 1, not monotone: acceptance
+   ``exp(eps (u - u*) / 2)``). When even 30% cannot get ``k <= m / 4``, theta comes from counts alone (``e = 1``)
+   with the shares of steps 1 and 2: permute-and-flip over every candidate (:mod:`operators.permute_and_flip`,
+   compiled in :mod:`operators._selection_kernel`: the walk usually stops after a few candidates).
 2. 10%: ``e``, the mean excess of the values above ``q_k`` clipped at ``q_k``: the clipped sum (sensitivity q_k)
    and the count (sensitivity 1), half each, exact discrete Laplace. The estimate's own variance is added to its
    square (the expected squared bias under its noise), so a noisy e errs towards a larger theta.
 3. 15%: ``E|dS_w|`` for each measurable s at the values truncated at ``2^j <= 2 q_k`` (sensitivity ``2 cap / pairs``:
    one value moves one leaf sum by at most cap, which enters two differences), more budget to coarser leaves
    (shares 1 : 2 : 4 ...), rounded to 1/1024 and exact discrete Laplace. A result below 3 noise scales is not used.
-4. 55%: theta by report-noisy-max of ``u(theta) = -sqrt(m^2 min_s MSE_noise+smooth(theta, s) / (E[l^2] e^2) +
+4. 55%: theta by permute-and-flip of ``u(theta) = -sqrt(m^2 min_s MSE_noise+smooth(theta, s) / (E[l^2] e^2) +
    m_theta^2)`` (= -m RMSE / (sqrt(E[l^2]) e) of the model) over 72 candidates 5% apart in [q_k / 4, 8 q_k].
    Only ``m_theta`` depends on the holdout once e and SM are released, ``sqrt(a^2 + x^2)`` is 1-Lipschitz in x and
-   every u moves the same way when a value grows (monotone): sensitivity 1, noise ``Exp(1 / eps)``.
+   every u moves the same way when a value grows (monotone): sensitivity 1, acceptance ``exp(eps (u - u*))``.
 5. s = argmin of the model at the chosen theta (post-processing).
 6. 10%: the smoother's start. The paper starts every stream predicting ``theta / 2`` per tick for the first leaf,
    which at s = 3 or 4 costs more than all the noise on some data. Here the start is the holdout's mean truncated at
    theta: ``(sum min(v, theta) + DLap(theta / eps)) / m``, clipped to [0, theta].
 
-All noise comes from the keyed generator (domain THRESHOLD, addresses 1-5; Eq. 6's choice keeps address 0).
+All noise comes from the keyed generator (domain THRESHOLD, addresses 1-5; Eq. 6's choice keeps address 0), exactly:
+permute-and-flip's draws and the discrete Laplace are integer arithmetic on random bits (no float noise).
 
 >>> g = noise_gain(4, 256, 1)
 >>> 0 < g < 4 * 3          # below (b - 1) L nodes of unit variance
@@ -92,8 +93,16 @@ from operators.noise import (
     expect_draws,
     shared_laplace,
 )
-from operators.noisy_max import WordStream, report_noisy_max_drawn
-from operators.threshold import m_theta, report_noisy_max, smoother_layers
+from operators.permute_and_flip import (
+    KERNEL_WORDS,
+    FlipGrid,
+    KeyBits,
+    flip_grid,
+    flip_walk,
+    keyed_permute_and_flip,
+    quantized_scores,
+)
+from operators.threshold import m_theta, smoother_layers
 
 __all__ = [
     "BUDGET_SPLIT",
@@ -478,41 +487,50 @@ def _best_model(thetas: np.ndarray, s_options: list[int], G: dict[int, float], s
 
 
 def _counts_kernel():
-    """The compiled :func:`operators._selection_kernel.counts_drawn_max` and ``cells_drawn_max`` once the process
-    loaded the compiled noise kernels (it draws often: a daemon), else None (numpy: the same index)."""
+    """The compiled :func:`operators._selection_kernel.counts_permute_and_flip` and ``cells_permute_and_flip`` once
+    the process loaded the compiled noise kernels (it draws often: a daemon), else None (Python: the same index)."""
     if not compiled_loaded():
         return None
     got = _KERNELS.get("counts")
     if got is None:
-        from operators._selection_kernel import cells_drawn_max, counts_drawn_max
+        from operators._selection_kernel import cells_permute_and_flip, counts_permute_and_flip
 
-        got = _KERNELS["counts"] = (counts_drawn_max, cells_drawn_max)
+        got = _KERNELS["counts"] = (counts_permute_and_flip, cells_permute_and_flip)
     return got
 
 
 _KERNELS: dict[str, tuple] = {}
 
 
-_KERNEL_WORDS = (16, 1024)  # the words the compiled report-noisy-max gets: two blocks, then 128 (then Python's)
+_KERNEL_WORDS = KERNEL_WORDS  # the words the compiled permute-and-flip gets, stage by stage (then the Python walk)
+_BOUND_SLACK = 1.0 + 2.0**-40  # a float bound computed with a few roundings, raised past them
 
 
-def _drawn_pick(hist: np.ndarray | Cells, base: np.ndarray, gen: KeyedGenerator, epsilon: float,
-                kernels: tuple | None, budgets: tuple[int, ...] = _KERNEL_WORDS) -> int:
-    """The fallback's report-noisy-max of ``u_k = -sqrt(base_k + m_theta_k^2)``, its noise drawn where it can matter
-    (:mod:`operators.noisy_max`) from the words at address 4: compiled (``kernels``) while the first words suffice
-    (``budgets``: a few words nearly always do), else in Python; the same index either way (tested)."""
+def _fallback_grid(base: np.ndarray, m: int, epsilon: float) -> FlipGrid:
+    """The grid of the fallback's scores ``-sqrt(base_k + m_theta_k^2)``: ``|u| <= sqrt(max base + m^2)`` (public:
+    ``m_theta <= m``, the holdout's size; ``base`` grows with theta)."""
+    return flip_grid(epsilon, math.sqrt(float(base[-1]) + float(m) * m) * _BOUND_SLACK)
+
+
+def _fallback_pick(hist: np.ndarray | Cells, base: np.ndarray, gen: KeyedGenerator, grid: FlipGrid,
+                   kernels: tuple | None, budgets: tuple[int, ...] = _KERNEL_WORDS) -> int:
+    """The fallback's permute-and-flip of ``u_k = -sqrt(base_k + m_theta_k^2)`` on ``grid``, from the words at
+    address 4: compiled (``kernels``) while the first words suffice (``budgets``: a few words nearly always do),
+    else the Python walk; the same index either way (tested)."""
     if kernels is not None:
         for count in budgets:
             words = gen.words(int(Domain.THRESHOLD), 4, 0, count)
+            if not words.flags.writeable:  # as the kernels are compiled for (OpenSSL's words are read-only)
+                words = words.copy()
             if isinstance(hist, Cells):  # from the occupied cells (base grows with theta: monotone)
-                k = kernels[1](hist.index, hist.count, base, words, epsilon)
+                k = kernels[1](hist.index, hist.count, base, words, grid.scale, grid.shift)
             else:
-                k = kernels[0](np.asarray(hist).astype(np.int64), base, words, epsilon)
+                k = kernels[0](np.asarray(hist).astype(np.int64), base, words, grid.scale, grid.shift)
             if k >= 0:
                 return int(k)
     dense = hist.dense() if isinstance(hist, Cells) else np.asarray(hist).astype(np.int64)
-    util = -np.sqrt(base + m_theta(dense).astype(np.float64) ** 2)
-    return report_noisy_max_drawn(util, epsilon, WordStream(partial(gen.words, int(Domain.THRESHOLD), 4)))
+    q = quantized_scores(-np.sqrt(base + m_theta(dense).astype(np.float64) ** 2), grid)
+    return flip_walk((q.max() - q).tolist(), grid.shift, KeyBits(partial(gen.words, int(Domain.THRESHOLD), 4)))
 
 
 def default_layers(fixed_s: int | None, epsilon: float, query_range: int, fanout: int) -> int:
@@ -524,7 +542,7 @@ def default_layers(fixed_s: int | None, epsilon: float, query_range: int, fanout
 
 def _threshold_budgets(m: int, threshold_epsilon: float, geo_size: int) -> tuple[bool, float, float]:
     """(fallback, eps_q, eps_t): whether the percentile's step is skipped for too little budget, its budget, and the
-    budget of theta's report-noisy-max (with the shares of steps 1 and 2 when they are skipped)."""
+    budget of theta's permute-and-flip (with the shares of steps 1 and 2 when they are skipped)."""
     # the percentile's share: at least 10%, more (up to 30%, taken from theta's) so that top_k <= m / 4
     share_q = max(BUDGET_SPLIT["quantile"], 8.0 * math.log(max(geo_size, 2)) / (0.25 * m * threshold_epsilon))
     fallback = share_q > _MAX_QUANTILE_SHARE
@@ -573,7 +591,7 @@ def choose(
     moment = range_length_moment(query_range)
     geo = grid.geo
     fallback, eps_q, eps_t = _threshold_budgets(m, threshold_epsilon, geo.size)
-    rank_error = 4.0 * math.log(max(geo.size, 2)) / eps_q  # of the exponential mechanism at eps_q / 2
+    rank_error = 4.0 * math.log(max(geo.size, 2)) / eps_q  # of permute-and-flip at eps_q / 2
     kernels = _counts_kernel() if fallback else None
     if cells is not None and (kernels is None or cells.total * float(values[-1]) >= 2.0**53):
         hist, cells = cells.dense(), None  # the sums below are exact integers either way while under 2^53
@@ -583,7 +601,7 @@ def choose(
     if not fallback:  # 1. the value with top_k holdout values above it (as high as this budget can see)
         counts_above = m_theta(hist.astype(np.int64))  # Eq. 5
         util = -np.abs(counts_above[geo] - top_k)
-        pick = report_noisy_max(util, gen.uniforms(int(Domain.THRESHOLD), 1, 0, geo.size), eps_q / 2)
+        pick = keyed_permute_and_flip(util, eps_q / 2, m + top_k, gen, int(Domain.THRESHOLD), 1)  # |u| <= m + top_k
         q_k = int(candidates[geo[pick]])
         q = 2 * q_k  # where the model compares the s (a typical threshold)
         scale_ref = q
@@ -603,7 +621,7 @@ def choose(
             mean_excess = math.sqrt(mean_excess**2 + var)
     else:  # too little budget for a useful quantile: theta now, from counts (C = 1), with the two shares
         base = _counts_base(grid, s_options, G, m, epsilon, moment)
-        k = _drawn_pick(cells if cells is not None else hist, base, gen, eps_t, kernels)
+        k = _fallback_pick(cells if cells is not None else hist, base, gen, _fallback_grid(base, m, eps_t), kernels)
         q = int(candidates[k])
         scale_ref = q
     # 2. smoothing error per measurable s
@@ -644,13 +662,15 @@ def choose(
         first_leaf = min(1.0, w / query_range) * w * w / 3.0 * start_var  # ranges cut in the first leaf
         return G[s] * theta * theta / (epsilon * epsilon) + sm[s] + first_leaf
 
-    if not fallback:  # 3. theta by report-noisy-max of the calibrated RMSE
+    if not fallback:  # 3. theta by permute-and-flip of the calibrated RMSE
         thetas, at_theta = grid.around(q_k)  # at most 72 points, 5% apart (fewer candidates, less noise)
         above = counts_above[at_theta].astype(np.float64)
         best_s = _best_model(thetas, s_options, G, sm, epsilon=epsilon, eps_s=eps_s, m=m, fanout=fanout,
                              query_range=query_range)  # public given sm
-        util = -np.sqrt(m * m * best_s / (moment * mean_excess**2) + above**2)
-        k = report_noisy_max(util, gen.uniforms(int(Domain.THRESHOLD), 4, 0, thetas.size), eps_t)
+        public = m * m * best_s / (moment * mean_excess**2)
+        util = -np.sqrt(public + above**2)  # |u| <= sqrt(max public + m^2): counts_above <= m
+        k = keyed_permute_and_flip(util, eps_t, math.sqrt(float(public.max()) + float(m) * m) * _BOUND_SLACK, gen,
+                                   int(Domain.THRESHOLD), 4)
         theta = int(thetas[k])
     else:
         theta = q
@@ -686,7 +706,7 @@ def choose_small_many(
     Only for the small holdout's branch: too little budget for the percentile (theta from counts alone, step 1's
     fallback) and no leaf width measured (none fits twice in the holdout: step 3 draws nothing and s is
     ``fixed_s`` or Eq. 7's), every histogram given by its occupied cells. There the choice reads the words of its
-    report-noisy-max and the one draw of the smoother's start; both are drawn here for all streams together. None when
+    permute-and-flip and the one draw of the smoother's start; both are drawn here for all streams together. None when
     a holdout is not of that kind, or the compiled kernels are not loaded: the caller chooses stream by stream."""
     if any(b.widths and b.pairs[0] >= 1 for b in blocks):
         return None
@@ -776,18 +796,19 @@ def _choose_small(
     s = default_layers(fixed_s, epsilon, query_range, fanout)
     eps_s = BUDGET_SPLIT["start"] * threshold_epsilon
     points = values.astype(np.int64)  # integers (exact: the check above)
+    flip = _fallback_grid(base, m, eps_t)
     if not _SMALL_MANY_READY:
-        _warm_small_many(base, points)
+        _warm_small_many(base, points, flip)
     from operators._chacha_kernel import keystream_many
-    from operators._selection_kernel import cells_drawn_max_many
+    from operators._selection_kernel import cells_permute_and_flip_many
 
     keys = np.ascontiguousarray(_stacked_key_words(gens))
     words = keystream_many(keys, 0, int(Domain.THRESHOLD), 4, 0, _KERNEL_WORDS[0] // 8)
-    picks, totals = cells_drawn_max_many(words, index, count, offsets, base, eps_t, points)
+    picks, totals = cells_permute_and_flip_many(words, index, count, offsets, base, flip.scale, flip.shift, points)
     for i in np.flatnonzero(picks < 0).tolist():  # the few whose first words were not enough: one by one
         lo, hi = offsets[i], offsets[i + 1]
         cells = Cells(index[lo:hi], count[lo:hi], len(candidates) + 1, int(count[lo:hi].sum()))
-        picks[i] = _drawn_pick(cells, base, gens[i], eps_t, kernels, _KERNEL_WORDS[1:])
+        picks[i] = _fallback_pick(cells, base, gens[i], flip, kernels, _KERNEL_WORDS[1:])
         totals[i] = int(np.dot(cells.count, np.minimum(points[cells.index], points[picks[i]])))
     chosen = candidates[picks]
     thetas = chosen.tolist()
@@ -816,7 +837,7 @@ def _choose_small(
 _SMALL_MANY_READY = False
 
 
-def _warm_small_many(base: np.ndarray, points: np.ndarray) -> None:
+def _warm_small_many(base: np.ndarray, points: np.ndarray, flip: FlipGrid) -> None:
     """Compile (or load) :func:`choose_small_many`'s kernels for its argument types on made-up arrays, in a thread
     of its own.
 
@@ -832,13 +853,13 @@ def _warm_small_many(base: np.ndarray, points: np.ndarray) -> None:
     def compile_all() -> None:
         from operators._chacha_kernel import keystream_many
         from operators._dlap_kernel import sample_one_many
-        from operators._selection_kernel import cells_drawn_max_many
+        from operators._selection_kernel import cells_permute_and_flip_many
 
         keys = np.zeros((2, 8), dtype=np.uint64)
         words = keystream_many(keys, 0, 1, 4, 0, _KERNEL_WORDS[0] // 8)
         ones = np.ones(2, dtype=np.int64)
         offsets = np.arange(3, dtype=np.int64)
-        cells_drawn_max_many(words, ones * 0, ones, offsets[:3], base, 1.0, points)
+        cells_permute_and_flip_many(words, ones * 0, ones, offsets[:3], base, flip.scale, flip.shift, points)
         dl = shared_laplace(1.0, 1)
         params = np.array([(dl.log2_t, dl.s, dl.q, dl.r)] * 2, dtype=np.int64)
         sample_one_many(keys, 0, 1, 3, 0, params[:, 0], params[:, 1], params[:, 2], params[:, 3])

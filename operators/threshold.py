@@ -12,7 +12,8 @@ Eq. 6, c = 60::
     q_theta = -(3 m theta / (c r eps)) * sqrt(2 (b - 1) log_b(r)^3) - m_theta
 
 Only ``m_theta`` depends on the data; it has sensitivity 1 and moves all candidates in the same direction
-(monotone), so report-noisy-max with exponential noise Exp(1/eps) (= permute-and-flip) is eps-DP.
+(monotone), so permute-and-flip accepting candidate theta with probability ``exp(eps (q_theta - q*))``
+(:mod:`operators.permute_and_flip`, exact) is eps-DP.
 
 >>> cands = candidate_grid(bound=10, resolution=1.0)
 >>> cands.tolist()
@@ -38,7 +39,7 @@ __all__ = [
     "holdout_histogram",
     "integer_run",
     "m_theta",
-    "report_noisy_max",
+    "score_bound",
     "scores",
     "smoother_layers",
 ]
@@ -139,13 +140,13 @@ def scores(
     return -slope * np.asarray(thetas, dtype=np.float64) - np.asarray(m_theta_values, dtype=np.float64)
 
 
-def report_noisy_max(score: np.ndarray, uniforms: np.ndarray, epsilon: float) -> int:
-    """Index of ``max(score + Exp(1/epsilon))``: report-noisy-max with exponential noise (sensitivity 1, monotone).
-
-    ``uniforms`` are in (0, 1) and come from the keyed generator; ties go to the smallest index.
-    """
-    noisy = score - np.log(uniforms) / epsilon
-    return int(np.argmax(noisy))
+def score_bound(thetas: np.ndarray, *, m: int, epsilon: float, query_range: int, fanout: int,
+                c: float = C_SCORE) -> float:
+    """A public bound on ``|q_theta|`` of Eq. 6 over every holdout of ``m`` values: ``slope theta_max + m`` (the
+    score with all ``m`` values above the largest candidate), for permute-and-flip's grid."""
+    low = scores(np.array([m]), np.array([float(np.max(thetas))]), m=m, epsilon=epsilon, query_range=query_range,
+                 fanout=fanout, c=c)
+    return float(-low[0]) * (1.0 + 2.0**-40)
 
 
 def eq7_error(s: float | np.ndarray, *, epsilon: float, theta: float, query_range: int, fanout: int):

@@ -2,7 +2,7 @@
 
 1. The first ``m`` ticks (the holdout) are never released; their quantized values go into a histogram over the
    candidate thresholds (and, for the calibrated selection, block statistics), and when the holdout is full theta
-   and s are chosen: by the calibrated error model of :mod:`operators.selection` (default), or by report-noisy-max
+   and s are chosen: by the calibrated error model of :mod:`operators.selection` (default), or by permute-and-flip
    on Eq. 6 (Eq. 5 counts) and Eq. 7 for s (``selection="paper"``).
 2. The tree keeps ``L = h - s`` layers at ``eps / L`` each.
 3. Every later value is quantized to the resolution grid and truncated to theta (Algorithm 1, "Truncate").
@@ -35,6 +35,7 @@ import numpy as np
 from operators.config import ToPSConfig
 from operators.hierarchy import ConsistentNoise
 from operators.noise import Domain, KeyedGenerator, shared_laplace
+from operators.permute_and_flip import keyed_permute_and_flip
 from operators.selection import BlockStats, Cells, Selection, choose, choose_small_many, default_layers
 from operators.smoother import SmootherState, release_ticks
 from operators.threshold import (
@@ -42,7 +43,7 @@ from operators.threshold import (
     holdout_histogram,
     integer_run,
     m_theta,
-    report_noisy_max,
+    score_bound,
     scores,
 )
 
@@ -173,19 +174,16 @@ class ToPS:
         self._start_release(sel.theta_units, sel.smoother_layers, start=sel.start_units)
 
     def _choose_threshold(self) -> int:
+        """Eq. 6's theta (``selection = "paper"``): permute-and-flip over the candidates (monotone, sensitivity 1),
+        its draws at address 0."""
         cfg = self.config
         thr_eps = cfg.threshold_epsilon or cfg.epsilon
         cands = self._candidates
-        score = scores(
-            m_theta(self._dense_hist()),
-            cands * cfg.resolution,
-            m=cfg.holdout,
-            epsilon=cfg.epsilon,
-            query_range=cfg.query_range,
-            fanout=cfg.fanout,
-        )
-        u = self._gen.uniforms(int(Domain.THRESHOLD), 0, 0, len(cands))
-        return int(cands[report_noisy_max(score, u, thr_eps)])
+        params = {"m": cfg.holdout, "epsilon": cfg.epsilon, "query_range": cfg.query_range, "fanout": cfg.fanout}
+        thetas = cands * cfg.resolution
+        score = scores(m_theta(self._dense_hist()), thetas, **params)
+        k = keyed_permute_and_flip(score, thr_eps, score_bound(thetas, **params), self._gen, int(Domain.THRESHOLD), 0)
+        return int(cands[k])
 
     def _start_release(self, theta_units: int, s: int | None = None, start: float | None = None) -> None:
         cfg = self.config

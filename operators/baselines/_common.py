@@ -26,7 +26,8 @@ import numpy as np
 
 from operators.config import ToPSConfig
 from operators.noise import Domain, KeyedGenerator
-from operators.threshold import candidate_grid, holdout_histogram, m_theta, report_noisy_max, scores
+from operators.permute_and_flip import keyed_permute_and_flip
+from operators.threshold import candidate_grid, holdout_histogram, m_theta, score_bound, scores
 
 __all__ = [
     "METHOD_CODES",
@@ -100,8 +101,9 @@ class TwoPhase:
     key
         The stream's 256-bit secret.
     threshold
-        ``"nm-e"`` (Eq. 5-6, report-noisy-max with exponential noise, as ToPS), ``"s-p"`` or ``"s-pak"``
-        (smooth-sensitivity percentile, Appendices A-B; see :mod:`operators.baselines.smooth_sensitivity`).
+        ``"nm-e"`` (Eq. 5-6 by permute-and-flip, the law of report-noisy-max with exponential noise, as ToPS),
+        ``"s-p"`` or ``"s-pak"`` (smooth-sensitivity percentile, Appendices A-B; see
+        :mod:`operators.baselines.smooth_sensitivity`).
     stream
         ``stream(config_with_theta, key) -> operator``: the stream phase, built when theta is known.
     stream_fanout
@@ -194,16 +196,13 @@ class TwoPhase:
         if self.threshold_method == "nm-e":
             cands = candidate_grid(cfg.bound, cfg.resolution, cfg.holdout_grid == "compact")
             hist = holdout_histogram(units, cands)
-            score = scores(
-                m_theta(hist),
-                cands * cfg.resolution,
-                m=cfg.holdout,
-                epsilon=cfg.epsilon,
-                query_range=cfg.query_range,
-                fanout=self._stream_fanout,
-            )
-            u = self._gen.uniforms(baseline_domain("nm-e", THRESHOLD_PURPOSE), 0, 0, len(cands))
-            return int(cands[report_noisy_max(score, u, thr_eps)])
+            params = {"m": cfg.holdout, "epsilon": cfg.epsilon, "query_range": cfg.query_range,
+                      "fanout": self._stream_fanout}
+            thetas = cands * cfg.resolution
+            score = scores(m_theta(hist), thetas, **params)
+            k = keyed_permute_and_flip(score, thr_eps, score_bound(thetas, **params), self._gen,
+                                       baseline_domain("nm-e", THRESHOLD_PURPOSE), 0)
+            return int(cands[k])
         from operators.baselines.smooth_sensitivity import smooth_percentile_threshold
 
         return smooth_percentile_threshold(

@@ -38,9 +38,11 @@ import numpy as np
 import pytest
 
 from operators import ToPS, ToPSConfig
+from operators._chacha_kernel import keystream_many
+from operators._selection_kernel import gaps_permute_and_flip_many
 from operators.hierarchy import round_to_grid
 from operators.noise import Domain, KeyedGenerator
-from operators.threshold import report_noisy_max
+from operators.permute_and_flip import flip_grid, keyed_permute_and_flip, quantized_scores
 from tests.audit._audit import audit_key, eps_lower_bound, event_hits, node_noise, scale_noise_epsilon
 from tests.reference import hay_offline
 
@@ -201,7 +203,7 @@ THR_CFG = ToPSConfig(epsilon=EPS, bound=2, holdout=100, query_range=4, fanout=2,
 
 
 class IgnoresThresholdEpsilon(ToPS):
-    """Report-noisy-max run at ``epsilon`` although ``threshold_epsilon`` is configured."""
+    """Permute-and-flip run at ``epsilon`` although ``threshold_epsilon`` is configured."""
 
     def _choose_threshold(self):
         cfg = self.config
@@ -223,32 +225,39 @@ def _threshold_choices(
 ) -> np.ndarray:
     """``n`` thresholds (in units) the operator would choose on ``holdout``, one per key.
 
-    The operator runs on the holdout and its report-noisy-max call (scores and noise epsilon) is recorded; the bulk of
-    the choices is drawn with the same rule from the keystream, and the real operator must agree with that rule on
-    its own keys (first 200)."""
+    The operator runs on the holdout and its permute-and-flip call (scores, epsilon and score bound) is recorded; the
+    bulk of the choices is drawn with the same rule (the compiled walk on the same grid) from the keystream, and the
+    real operator must agree with that rule on its own keys (first 200)."""
     import operators.tops as tops_module
 
-    seen: list[tuple[np.ndarray, float]] = []
+    seen: list[tuple[np.ndarray, float, float]] = []
 
-    def recording(score, uniforms, epsilon):
-        seen.append((np.array(score), float(epsilon)))
-        return report_noisy_max(score, uniforms, epsilon)
+    def recording(score, epsilon, score_bound, gen, domain, address):
+        seen.append((np.array(score), float(epsilon), float(score_bound)))
+        return keyed_permute_and_flip(score, epsilon, score_bound, gen, domain, address)
 
-    monkeypatch.setattr(tops_module, "report_noisy_max", recording)
+    monkeypatch.setattr(tops_module, "keyed_permute_and_flip", recording)
     check = 200
     own = []
     for i in range(check):
         op = cls(cfg, audit_key(f"{label}-op", i))
         op.process(holdout)
         own.append(op.theta)
-    score, noise_eps = seen[0]
-    assert all(np.array_equal(sc, score) and e == noise_eps for sc, e in seen)
-    k = score.size
-    for i in range(check):  # the rule, on the operator's own noise, gives the operator's choice
-        u = KeyedGenerator(audit_key(f"{label}-op", i)).uniforms(int(Domain.THRESHOLD), 0, 0, k)
-        assert own[i] == np.argmax(score - np.log(u) / noise_eps) + 1
-    u = KeyedGenerator(audit_key(label, 0)).uniforms(int(Domain.THRESHOLD), 0, 0, n * k).reshape(n, k)
-    return np.argmax(score - np.log(u) / noise_eps, axis=1) + 1  # candidates are 1, 2
+    score, noise_eps, bound = seen[0]
+    assert all(np.array_equal(sc, score) and (e, b) == (noise_eps, bound) for sc, e, b in seen)
+    grid = flip_grid(noise_eps, bound)
+    q = quantized_scores(score, grid)
+
+    def rule(keys: list[bytes]) -> np.ndarray:
+        words = keystream_many(np.stack([KeyedGenerator(k).key_words() for k in keys]), 0, int(Domain.THRESHOLD), 0, 0,
+                               2)
+        picks = gaps_permute_and_flip_many(words, q.max() - q, grid.shift)
+        assert (picks >= 0).all()  # two candidates: a few bits a walk
+        return picks + 1  # candidates are 1, 2
+
+    # the rule, on the operator's own keys, gives the operator's choice
+    assert np.array_equal(rule([audit_key(f"{label}-op", i) for i in range(check)]), own)
+    return rule([audit_key(label, i) for i in range(n)])
 
 
 @pytest.mark.parametrize(

@@ -95,16 +95,30 @@ def test_without_the_compiled_kernels_each_stream_chooses_alone(monkeypatch: pyt
     assert [a.snapshot() for a in alone] == [b.snapshot() for b in together]
 
 
-@pytest.mark.parametrize("grid", ["compact", "exact"])
-def test_choices_whose_first_words_run_out_are_made_again_the_same(grid: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The compiled report-noisy-max gets the keystream's first words (two blocks) and says when they run out; those
-    streams are chosen again with more, and past that in Python. With one block, then two, many run out at each
-    stage: every choice, theta and start alike, is still the one made with enough words."""
-    cfg = ToPSConfig(epsilon=1.0, bound=5000, holdout=3, holdout_grid=grid)
+@pytest.mark.parametrize(("grid", "holdout", "epsilon"), [("compact", 3, 1.0), ("exact", 3, 1.0), ("exact", 20, 5.0)])
+def test_choices_whose_first_words_run_out_are_made_again_the_same(grid: str, holdout: int, epsilon: float,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled permute-and-flip gets the keystream's first words (two blocks) and says when they run out; those
+    streams are chosen again with more, and past that by the Python walk. With one block, then two: every choice,
+    theta and start alike, is still the one made with enough words. Where the walks are long (holdout 20 at eps 5,
+    a quarter of the readings clamped at the bound: every candidate but the last far below the best), many run out
+    at each stage."""
+    cfg = ToPSConfig(epsilon=epsilon, bound=5000, holdout=holdout, holdout_grid=grid)
     _, enough, _ = ended_together(cfg, 200, 4)
     monkeypatch.setattr(selection, "_KERNEL_WORDS", (8, 16))
     alone, short, _ = ended_together(cfg, 200, 4)
     assert [a.snapshot() for a in alone] == [b.snapshot() for b in short] == [c.snapshot() for c in enough]
+    if holdout == 20:  # the stages are taken: 200 more streams ended together, the choices made again counted
+        rng = np.random.default_rng(5)
+        ops = [ToPS(cfg, rng.bytes(32)) for _ in range(200)]
+        for op in ops:
+            op.hold(holdout_readings(rng, holdout, cfg.bound))
+        again, walked = [], []
+        pick, walk = selection._fallback_pick, selection.flip_walk
+        monkeypatch.setattr(selection, "_fallback_pick", lambda *a: again.append(1) or pick(*a))
+        monkeypatch.setattr(selection, "flip_walk", lambda *a: walked.append(1) or walk(*a))
+        end_holdouts(ops)
+        assert len(again) >= 50 and len(walked) >= 50, (len(again), len(walked))
 
 
 def test_hold_and_end_refuse_what_is_not_a_holdouts_end() -> None:

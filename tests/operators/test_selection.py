@@ -74,25 +74,25 @@ def _choose(values: np.ndarray, key: bytes, eps_t: float, *, b=4, r=4096, bound=
 def test_the_split_spends_exactly_the_threshold_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every private step is recorded with its epsilon; they add up to threshold_epsilon (sequential composition),
     the non-monotone percentile counted at twice its noise's rate."""
-    rnm_eps: list[float] = []
+    pf_eps: list[float] = []
     dlap_eps: list[float] = []
-    real_rnm, real_dlap = sel.report_noisy_max, sel._dlap
+    real_pf, real_dlap = sel.keyed_permute_and_flip, sel._dlap
 
-    def rnm(score, uniforms, epsilon):
-        rnm_eps.append(epsilon)
-        return real_rnm(score, uniforms, epsilon)
+    def pf(scores, epsilon, score_bound, gen, domain, address):
+        pf_eps.append(epsilon)
+        return real_pf(scores, epsilon, score_bound, gen, domain, address)
 
     def dlap(gen, address, index, epsilon, sensitivity):
         dlap_eps.append(epsilon)
         return real_dlap(gen, address, index, epsilon, sensitivity)
 
-    monkeypatch.setattr(sel, "report_noisy_max", rnm)
+    monkeypatch.setattr(sel, "keyed_permute_and_flip", pf)
     monkeypatch.setattr(sel, "_dlap", dlap)
     values = _holdout(np.random.default_rng(0), 20000)
     out = _choose(values, _key("split"), 0.8)
     assert not out.fallback
-    assert len(rnm_eps) == 2 and len(dlap_eps) >= 2
-    assert 2 * rnm_eps[0] + rnm_eps[1] + sum(dlap_eps) == pytest.approx(0.8, rel=1e-12)
+    assert len(pf_eps) == 2 and len(dlap_eps) >= 2
+    assert 2 * pf_eps[0] + pf_eps[1] + sum(dlap_eps) == pytest.approx(0.8, rel=1e-12)
     assert sum(sel.BUDGET_SPLIT.values()) == pytest.approx(1.0)
 
 

@@ -1,10 +1,11 @@
-"""The compiled report-noisy-max (operators/_selection_kernel.py) picks exactly what the Python path picks.
+"""The compiled permute-and-flip (operators/_selection_kernel.py) picks exactly what the Python walk picks.
 
-Both draw the exponential noise from the largest down (operators/noisy_max.py) from the same keystream words; a
-stopping rule that is wrong by one rounding, a shuffle position read differently or a tie resolved to another index
-would make a daemon (which loads the compiled kernels) release other values than `tops replay` (which does not).
-Here: the holdout's real fallback scores by dense histograms and by occupied cells, scores far apart for the noise
-(many steps: the shuffle kept whole), and whole streams under both kernels in separate processes.
+Both walk the candidates in a Fisher-Yates order drawn as far as needed and accept each by the exact
+Bernoulli(exp(-x)) (operators/permute_and_flip.py), from the same keystream words; a score quantized differently by
+one rounding, a position read differently or a run's best candidate missed would make a daemon (which loads the
+compiled kernels) release other values than `tops replay` (which does not). Here: the holdout's real fallback scores
+by dense histograms, by occupied cells and by the many-stream kernel, walks long enough to keep the whole order, and
+whole streams under both kernels in separate processes.
 """
 
 from __future__ import annotations
@@ -17,44 +18,62 @@ from functools import partial
 import numpy as np
 import pytest
 
-from operators._selection_kernel import cells_drawn_max, counts_drawn_max
+from operators._selection_kernel import cells_permute_and_flip, cells_permute_and_flip_many, counts_permute_and_flip
 from operators.noise import Domain, KeyedGenerator
-from operators.noisy_max import WordStream, report_noisy_max_drawn
-from operators.selection import _grids, noise_constant, range_length_moment
+from operators.permute_and_flip import KeyBits, flip_walk, quantized_scores
+from operators.selection import _fallback_grid, _grids, noise_constant, range_length_moment
 from operators.threshold import candidate_grid, holdout_histogram, m_theta
 
 
-def _python_pick(util: np.ndarray, gen: KeyedGenerator, eps: float) -> tuple[int, int]:
-    """The Python path's index, and how many words it read."""
-    words = WordStream(partial(gen.words, int(Domain.THRESHOLD), 4))
-    k = report_noisy_max_drawn(util, eps, words)
-    return k, words.read
+class _CountedBits(KeyBits):
+    """The walk's bits, counting its steps (a position drawn at each)."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, fetch) -> None:
+        super().__init__(fetch)
+        self.steps = 0
+
+    def below(self, n: int) -> int:
+        self.steps += 1
+        return super().below(n)
 
 
-def _kernel_picks(hist: np.ndarray, base: np.ndarray, gen: KeyedGenerator, eps: float, read: int) -> tuple[int, int]:
-    """The kernels' indexes given exactly the words the Python path read (and -1 from both with one word less)."""
+def _python_pick(util: np.ndarray, grid, gen: KeyedGenerator) -> tuple[int, int, int]:
+    """The Python walk's index, how many words it read and how many steps it took."""
+    bits = _CountedBits(partial(gen.words, int(Domain.THRESHOLD), 4))
+    q = quantized_scores(util, grid)
+    return flip_walk((q.max() - q).tolist(), grid.shift, bits), bits.read, bits.steps
+
+
+def _kernel_picks(hist: np.ndarray, base: np.ndarray, grid, gen: KeyedGenerator, read: int) -> tuple[int, ...]:
+    """The kernels' indexes given exactly the words the Python walk read (and -1 from each with one word less)."""
     index = np.flatnonzero(hist).astype(np.int64)
+    counts = hist[index].astype(np.int64)
     words = gen.words(int(Domain.THRESHOLD), 4, 0, read)
-    picks = (counts_drawn_max(hist.astype(np.int64), base, words, eps),
-             cells_drawn_max(index, hist[index].astype(np.int64), base, words, eps))
+    points = np.arange(base.size + 1, dtype=np.int64)
+    offsets = np.array([0, index.size], dtype=np.int64)
+    many, _ = cells_permute_and_flip_many(words[None, :], index, counts, offsets, base, grid.scale, grid.shift, points)
+    picks = (counts_permute_and_flip(hist.astype(np.int64), base, words, grid.scale, grid.shift),
+             cells_permute_and_flip(index, counts, base, words, grid.scale, grid.shift), int(many[0]))
     short = words[:-1]
-    assert counts_drawn_max(hist.astype(np.int64), base, short, eps) == -1
-    assert cells_drawn_max(index, hist[index].astype(np.int64), base, short, eps) == -1
+    assert counts_permute_and_flip(hist.astype(np.int64), base, short, grid.scale, grid.shift) == -1
+    assert cells_permute_and_flip(index, counts, base, short, grid.scale, grid.shift) == -1
     return picks
 
 
 @pytest.mark.parametrize("bound", [100.0, 5000.0, 1e6])
 def test_the_holdouts_fallback_scores(bound: float) -> None:
     """The scores of the calibrated choice's small-holdout branch (``choose``: theta from counts over every
-    candidate), from real histograms, by the dense kernel and by the occupied cells: the Python path's index. Some
-    trials take thousands of steps (a few candidates far above the others for the noise), past the kernel's short
-    list of moved positions."""
+    candidate), from real histograms, by the dense kernel, by the occupied cells and by the many-stream kernel: the
+    Python walk's index. Some trials walk through hundreds of candidates (a few far above the others for the noise),
+    past the kernel's short list of moved positions."""
     rng = np.random.default_rng(int(bound))
     cands = candidate_grid(bound, 1.0)
     grid = _grids(cands)
     moment = range_length_moment(1 << 20)
     n = cands.size
-    words_read = []
+    steps = []
     for trial in range(400):
         m = int(rng.integers(1, 400))
         eps = float(10 ** rng.uniform(-1.5, 1.5))
@@ -70,11 +89,12 @@ def test_the_holdouts_fallback_scores(bound: float) -> None:
         base = grid.noise_term(m * m * noise_constant(16, 1 << 20, int(rng.integers(0, 5))), eps**2, moment)
         assert np.all(np.diff(base) >= 0)  # what the cells kernel relies on
         util = -np.sqrt(base + m_theta(hist.astype(np.int64)).astype(np.float64) ** 2)
+        flip = _fallback_grid(base, m, eps)
         gen = KeyedGenerator(rng.bytes(32))
-        want, read = _python_pick(util, gen, eps)
-        words_read.append(read)
-        assert _kernel_picks(hist, base, gen, eps, read) == (want, want), trial
-    assert max(words_read) > 2 * 32 + 16  # some trials went past the short list of moved positions
+        want, read, walked = _python_pick(util, flip, gen)
+        steps.append(walked)
+        assert _kernel_picks(hist, base, flip, gen, read) == (want, want, want), trial
+    assert max(steps) > 32  # some walks went past the short list of moved positions
 
 
 _STREAMS = """

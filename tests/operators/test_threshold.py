@@ -8,13 +8,15 @@ import numpy as np
 import pytest
 
 from operators import ToPS, ToPSConfig
+from operators.noise import Domain, KeyedGenerator
+from operators.permute_and_flip import keyed_permute_and_flip
 from operators.threshold import (
     candidate_grid,
     eq7_error,
     holdout_histogram,
     integer_run,
     m_theta,
-    report_noisy_max,
+    score_bound,
     scores,
     smoother_layers,
 )
@@ -51,11 +53,26 @@ def test_huge_epsilon_picks_the_argmax() -> None:
     assert op.theta == float(cands[int(np.argmax(q))])
 
 
-def test_report_noisy_max_is_a_selection_with_exponential_noise() -> None:
+def test_the_score_bound_holds_for_every_holdout() -> None:
+    """Permute-and-flip's grid takes ``score_bound`` as public: no holdout of ``m`` values scores beyond it (every
+    count from none to all ``m`` above every candidate)."""
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        cands = candidate_grid(float(rng.choice([10, 500, 5000, 1e6])), 1.0)
+        m = int(rng.integers(1, 100_000))
+        params = {"m": m, "epsilon": float(10 ** rng.uniform(-3, 1)), "query_range": 1 << int(rng.integers(1, 32)),
+                  "fanout": int(rng.integers(2, 17))}
+        thetas = cands * float(rng.choice([0.01, 1.0, 7.5]))
+        bound = score_bound(thetas, **params)
+        for counts in (np.zeros(cands.size), np.full(cands.size, m), rng.integers(0, m + 1, cands.size)):
+            assert np.abs(scores(counts, thetas, **params)).max() <= bound
+
+
+def test_permute_and_flip_is_a_selection_whose_noise_matters() -> None:
     """Small gaps: the top candidate wins most often, but not always (the noise matters)."""
     score = np.array([0.0, -1.0, -2.0])
-    rng = np.random.default_rng(5)
-    wins = np.bincount([report_noisy_max(score, rng.random(3), 1.0) for _ in range(4000)], minlength=3)
+    wins = np.bincount([keyed_permute_and_flip(score, 1.0, 2.0, KeyedGenerator(bytes([k % 256, k // 256]) * 16),
+                                               int(Domain.THRESHOLD), 0) for k in range(4000)], minlength=3)
     assert wins[0] > wins[1] > wins[2] > 0
 
 
