@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -309,6 +310,14 @@ def publish_file(port: int, topic: str, path: Path, *, qos: int = 1) -> subproce
 
 
 TEMPLATE = {"epsilon": 1.0, "bound": 100.0, "holdout": 50, "query_range": 256, "fanout": 4}
+
+
+def release_lines(text: str | bytes) -> list[dict]:
+    """The releases among the JSON lines ``tops run`` wrote to stdout (a status line, without a tick, comes before
+    each releasing numeric stream's first release: stream/core/sinks.py status_line)."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    return [r for r in map(json.loads, text.splitlines()) if "tick" in r]
 
 
 def daemon_config(tmp: Path, port: int, metrics_port: int, **sections: dict) -> Path:
