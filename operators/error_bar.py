@@ -541,6 +541,18 @@ def quantiles(*, laplace: np.ndarray, normal: float, uniform: np.ndarray | None 
     return float(np.interp(lo_p, cdf, mid)), float(np.interp(hi_p, cdf, mid))
 
 
+def _within(low: float, high: float, floor: float, top: float) -> tuple[float, float]:
+    """``[low, high]`` intersected with the sums the readings can have, ``[floor, top]``; an interval outside them
+    (a release's noise far in its tail) is moved inside, its width kept as far as they allow (never a point)."""
+    width = high - low
+    if high < floor:
+        low, high = floor, floor + width
+    elif low > top:
+        low, high = top - width, top
+    low, high = max(low, floor), min(high, top)
+    return low, max(high, low + min(width, top - low)) if top > low else high
+
+
 # -- the whole interval (Eq. 0-4) ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Interval:
@@ -586,7 +598,7 @@ class RangeError:
 
     def interval(self, first: int, last: int) -> Interval:
         """The interval for the true sum of the readings at released indexes ``first..last`` that have a release
-        (inclusive; a range past the releases counts only those)."""
+        (inclusive; a range past the releases counts only those): Eq. (4) of Eq. (1)-(3)'s parts."""
         m = self.model
         first, last = max(0, first), min(last, self.x.size - 1)
         if last < first:
@@ -598,29 +610,59 @@ class RangeError:
         if not m.linear:
             return Interval(total, None, None, note=f"no error model for the {m.smoother} smoother")
         if count == last - first + 1:
-            keys, counts, held_last = m.range_counts(first, last)
+            leaves = m.range_counts(first, last)
         else:
-            idx = first + np.flatnonzero(np.isfinite(self.x[first:last + 1]))
-            keys, counts, held_last = m._leaf_counts(idx)
+            leaves = m._leaf_counts(first + np.flatnonzero(np.isfinite(self.x[first:last + 1])))
+        node_vars, start_var = self.noise_part(*leaves)
+        p_var, uniform, shift = self.smoother_part(*leaves)
+        # Eq. (4) without E: the interval for the sum of the readings truncated at theta
+        lap = np.sort(node_vars)[::-1]
+        laplace_terms = np.append(lap[:LAPLACE_TERMS], start_var)
+        normal = float(lap[LAPLACE_TERMS:].sum()) + p_var
+        spread = np.asarray(uniform)
+        lo, hi = quantiles(laplace=laplace_terms, normal=normal, uniform=spread, level=self.level)
+        centre = total + shift
+        low, high = centre + lo, centre + hi
+        # Eq. (3): T = T_theta + E with E >= 0, so either interval's ends bound T's (the larger of each)
+        t_mean = t_sd = None
+        part = self.truncation_part(count)
+        if part is not None:
+            t_mean, t_sd, tau_noise, sample, compound = part
+            lo, hi = quantiles(laplace=np.append(laplace_terms, tau_noise), normal=normal + sample, uniform=spread,
+                               compound=compound, level=self.level)
+            low, high = max(low, centre + t_mean + lo), max(high, centre + t_mean + hi)
+        clamped = part is None and not self.nothing_truncated
+        top = count * m.theta if clamped else (count * self.bound if self.bound is not None else math.inf)
+        low, high = _within(low, high, count * self.lower, top)
+        note = "" if not uniform else "a leaf cut before two complete leaves were released: bounded by theta"
+        return Interval(total, low, high, math.sqrt(float(node_vars.sum()) + start_var), math.sqrt(p_var), t_mean,
+                        t_sd, clamped_to_theta=clamped, note=note)
+
+    def noise_part(self, keys: np.ndarray, counts: np.ndarray, held_last: np.ndarray) -> tuple[np.ndarray, float]:
+        """Eq. (1): the variances (value units) of the node terms of ``N``, and the start's, for a range touching
+        ``keys`` leaves (``counts`` of their ticks, whether it holds their last)."""
+        m = self.model
         leaves, coef, c_start = m._coefficients(keys, counts, held_last)
         nodes = m.node_terms(leaves, coef)
-        node_vars = nodes * nodes * m._unit
-        noise_var = float(node_vars.sum()) + (c_start * m.start_sd) ** 2
-        # Eq. (2): the leaves the range covers only partly
+        return nodes * nodes * m._unit, (c_start * m.start_sd) ** 2
+
+    def smoother_part(self, keys: np.ndarray, counts: np.ndarray, held_last: np.ndarray
+                      ) -> tuple[float, list[float], float]:
+        """Eq. (2): the variance of ``P`` over the leaves the range covers only partly (each widened for its
+        estimate's degrees of freedom), and, for a leaf with no model yet, the half-width of its ticks' bound and the
+        shift to the bound's middle."""
+        m = self.model
         w = m.leaf_ticks
-        p_var = 0.0
-        uniform = []
-        shift = 0.0
+        p_var, uniform, shift = 0.0, [], 0.0
         predicted = np.where(held_last, w - counts, counts)
-        for k, j in zip(keys[counts < w].tolist(), predicted[counts < w].tolist(), strict=True):
+        for k, j, last in zip(keys[counts < w].tolist(), predicted[counts < w].tolist(),
+                              held_last[counts < w].tolist(), strict=True):
             got = self._spread_at(k)
             if got is None:  # no model: the truncated sum of these j ticks is anywhere in [lower, theta] each
                 pred = self._prediction(k)
-                half = j * (m.theta - self.lower) / 2.0
-                uniform.append(half)
+                uniform.append(j * (m.theta - self.lower) / 2.0)
                 # R holds j * p_k for them (or removes it, with the leaf's last tick): centre on the bound's middle
-                sign = -1.0 if held_last[keys == k][0] else 1.0
-                shift += sign * j * ((m.theta + self.lower) / 2.0 - (pred if pred is not None else 0.0))
+                shift += (-1.0 if last else 1.0) * j * ((m.theta + self.lower) / 2.0 - (pred or 0.0))
                 continue
             d, nu = got
             f = j / w
@@ -628,39 +670,23 @@ class RangeError:
             sp = self.spread_stat
             if sp is None:  # (S1) without the holdout's spread: white noise at the leaves' D(w)
                 p_var += (f * f * d + (1.0 - f) * f * d / 2.0) * infl
-            else:  # (S1): the white part from the holdout, the drift from the releases
+            else:  # (S1): the white part and the blocks from the holdout, the leaves' D(w) from the releases
                 white = 2.0 * sp.variance * j
-                drift = sp.structure(j, leaf_ticks=w, leaf_d=d) - white
-                p_var += (f * f * d + (1.0 - f) * drift / 2.0) * infl + (1.0 - f) * white / 2.0 * self._white_infl
-        # Eq. (4) without E: the interval for the sum of the readings truncated at theta
-        lap = np.sort(node_vars)[::-1]
-        laplace_terms = np.concatenate([lap[:LAPLACE_TERMS], [(c_start * m.start_sd) ** 2]])
-        normal = float(lap[LAPLACE_TERMS:].sum()) + p_var
-        spread = np.asarray(uniform)
-        lo, hi = quantiles(laplace=laplace_terms, normal=normal, uniform=spread, level=self.level)
-        centre = total + shift
-        low, high = centre + lo, centre + hi
-        # Eq. (3): T = T_theta + E with E >= 0, so either interval's ends bound T's (the larger of each)
+                rest = max(0.0, sp.structure(j, leaf_ticks=w, leaf_d=d) - white)
+                p_var += (f * f * d + (1.0 - f) * rest / 2.0) * infl + (1.0 - f) * white / 2.0 * self._white_infl
+        return p_var, uniform, shift
+
+    def truncation_part(self, count: int) -> tuple[float, float, float, float, tuple] | None:
+        """Eq. (3) for ``count`` ticks: the mean and standard deviation of ``E``, the variance of ``tau_hat``'s noise
+        (a Laplace term) and of its sampling error (normal), and the compound of (T3); None without a statistic."""
         trunc = self.truncation
-        t_mean = t_sd = None
-        if trunc is not None:
-            x, p = trunc.shape()
-            t_mean = count * trunc.tau
-            tau_noise = count * count * trunc.tau_noise_variance
-            sample = count * count * trunc.per_tick_variance / trunc.holdout
-            t_sd = math.sqrt(count * trunc.per_tick_variance + tau_noise + sample)
-            lo, hi = quantiles(laplace=np.append(laplace_terms, tau_noise), normal=normal + sample, uniform=spread,
-                               compound=(count, x, p), level=self.level)
-            low, high = max(low, centre + t_mean + lo), max(high, centre + t_mean + hi)
-        low = max(low, count * self.lower)
-        if self.bound is not None:
-            high = min(high, count * self.bound)
-        clamped = trunc is None and not self.nothing_truncated
-        if clamped:  # the sum of the readings clamped to theta
-            high = min(high, count * m.theta)
-        note = "" if not uniform else "a leaf cut before two complete leaves were released: bounded by theta"
-        return Interval(total, low, high, math.sqrt(noise_var), math.sqrt(p_var), t_mean, t_sd,
-                        clamped_to_theta=clamped, note=note)
+        if trunc is None:
+            return None
+        x, p = trunc.shape()
+        tau_noise = count * count * trunc.tau_noise_variance
+        sample = count * count * trunc.per_tick_variance / trunc.holdout
+        sd = math.sqrt(count * trunc.per_tick_variance + tau_noise + sample)
+        return count * trunc.tau, sd, tau_noise, sample, (count, x, p)
 
     def _inflation(self, nu: float) -> float:
         """How much a variance estimated with ``nu`` degrees of freedom widens its part (Student's t over normal,
@@ -742,7 +768,7 @@ class LocalRangeError:
             lo, hi = quantiles(laplace=np.array([tau_noise]), normal=noise + sample, compound=(count, x, p),
                                level=self.level)
             low, high = max(low, total + t_mean + lo), max(high, total + t_mean + hi)
-        low = max(low, 0.0)
-        high = min(high, count * (self.bound if trunc is not None and self.bound is not None else self.theta))
+        top = count * (self.bound if trunc is not None and self.bound is not None else self.theta)
+        low, high = _within(low, high, 0.0, top)
         return Interval(total, low, high, math.sqrt(noise), 0.0, t_mean, t_sd, clamped_to_theta=trunc is None,
                         note="" if trunc is not None else "local mode: nothing measured the readings above theta")

@@ -6,16 +6,16 @@ s and the smoother's start runs on ``(1 - TRUNCATION_SHARE - SPREAD_SHARE) eps_T
 ``TRUNCATION_SHARE eps_T`` and the spread on ``SPREAD_SHARE eps_T``, so the holdout's outputs together are
 ``eps_T``-DP by sequential composition (and the released ticks, disjoint from the holdout, compose in parallel).
 
-A stream keeps them as one small byte string (float64 numbers: ``[n, the spread's 4 numbers if n = 1, excess sum,
-counts...]``), about 250 bytes; :func:`status` states them in value units.
+A stream keeps them as one small byte string (float64 numbers: ``[n, the spread's n numbers, excess sum,
+counts...]``), about 300 bytes; :func:`status` states them in value units.
 
 >>> from operators.noise import KeyedGenerator
 >>> hist = np.zeros(11, dtype=np.int64); hist[[2, 9]] = [90, 10]         # values 3 and 10 (candidates 1..10)
->>> blob = measure(hist, np.arange(1, 11), theta_units=5, bound_units=10, gen=KeyedGenerator(bytes(32)),
-...                threshold_epsilon=1.0)
+>>> blob = measure(hist, np.arange(1, 11), theta_units=5, bound_units=10, blocks=None, leaf_ticks=1,
+...                gen=KeyedGenerator(bytes(32)), threshold_epsilon=1.0)
 >>> trunc, spread = status(blob, theta_units=5, bound_units=10, resolution=1.0, threshold_epsilon=1.0, holdout=100)
->>> trunc["edges"], len(trunc["counts"]), sorted(spread)
-([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 5, ['holdout', 'squares', 'squares_variance', 'sum', 'sum_variance'])
+>>> trunc["edges"], len(trunc["counts"]), spread["widths"], spread["holdout"]
+([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 5, [], 100)
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from operators.noise import KeyedGenerator
-from operators.spread import SPREAD_SHARE, noisy_moments, spread_status, truncated_moments
+from operators.spread import SPREAD_SHARE, noisy_spread, spread_status, truncated_moments
 from operators.truncation import (
     TRUNCATION_SHARE,
     excess_counts,
@@ -44,15 +44,15 @@ def budgets(threshold_epsilon: float) -> tuple[float, float, float]:
     return threshold_epsilon - eps_t - eps_s, eps_t, eps_s
 
 
-def measure(hist: np.ndarray, candidates: np.ndarray, *, theta_units: int, bound_units: int, gen: KeyedGenerator,
-            threshold_epsilon: float) -> bytes:
-    """Both statistics of one holdout (its histogram over the candidates) at the chosen theta, as the stream keeps
-    them."""
+def measure(hist: np.ndarray, candidates: np.ndarray, *, theta_units: int, bound_units: int, blocks: Any,
+            leaf_ticks: int, gen: KeyedGenerator, threshold_epsilon: float) -> bytes:
+    """Both statistics of one holdout (its histogram over the candidates, its block statistics or None) at the
+    chosen theta and leaf width, as the stream keeps them."""
     _, eps_t, eps_s = budgets(threshold_epsilon)
     counts, total = excess_counts(hist, candidates, theta_units=theta_units, bound_units=bound_units)
     trunc = noisy_statistic(counts, total, gen, eps_t, bound_units - theta_units)
-    spread = noisy_moments(truncated_moments(hist, candidates, theta_units), theta_units=theta_units, gen=gen,
-                           epsilon=eps_s)
+    spread = noisy_spread(truncated_moments(hist, candidates, theta_units), blocks, theta_units=theta_units,
+                          leaf_ticks=leaf_ticks, gen=gen, epsilon=eps_s)
     return _pack(spread, trunc)
 
 
@@ -68,14 +68,14 @@ def measure_rows(hists: list[np.ndarray], candidates: np.ndarray, keys: np.ndarr
     truncs = noisy_statistics(stats, keys, eps_t, [bound_units - t for t in thetas])
     out = []
     for h, t, key, trunc in zip(hists, thetas, keys, truncs, strict=True):
-        spread = noisy_moments(truncated_moments(h, candidates, t), theta_units=t, gen=Gen(key.tobytes()),
-                               epsilon=eps_s)
+        spread = noisy_spread(truncated_moments(h, candidates, t), None, theta_units=t, leaf_ticks=1,
+                              gen=Gen(key.tobytes()), epsilon=eps_s)
         out.append(_pack(spread, trunc))
     return out
 
 
-def _pack(spread: tuple[float, float, float, float] | None, trunc: bytes) -> bytes:
-    head = [0.0] if spread is None else [1.0, *spread]
+def _pack(spread: list[float] | None, trunc: bytes) -> bytes:
+    head = [0.0] if spread is None else [float(len(spread)), *spread]
     return np.asarray(head, dtype="<f8").tobytes() + trunc
 
 
@@ -83,9 +83,9 @@ def status(blob: bytes, *, theta_units: int, bound_units: int, resolution: float
            holdout: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """``(truncation, spread)`` as a stream's status states them (value units; None where not measured)."""
     values = np.frombuffer(blob, dtype="<f8")
-    has = values.size and values[0] == 1.0
-    spread = tuple(float(v) for v in values[1:5]) if has else None
-    rest = values[5 if has else 1:].astype("<f8").tobytes()
+    n = int(values[0]) if values.size else 0
+    spread = [float(v) for v in values[1:1 + n]] if n else None
+    rest = values[1 + n:].astype("<f8").tobytes()
     _, eps_t, _ = budgets(threshold_epsilon)
     trunc = truncation_status(rest, theta_units=theta_units, bound_units=bound_units, resolution=resolution,
                               epsilon=eps_t, holdout=holdout)

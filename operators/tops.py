@@ -199,8 +199,11 @@ class ToPS:
         """What truncation at the chosen theta takes and how short sums vary, with their noise
         (:mod:`operators.error_stats`, at their shares of the threshold budget); the holdout must still be held."""
         cfg = self.config
+        if self._blocks is not None:
+            self._flush()
         return measure(self._dense_hist(), self._candidates, theta_units=sel.theta_units,
-                       bound_units=self._bound_units, gen=self._gen,
+                       bound_units=self._bound_units, blocks=self._blocks,
+                       leaf_ticks=cfg.fanout ** release_layers(cfg, sel.smoother_layers), gen=self._gen,
                        threshold_epsilon=cfg.threshold_epsilon or cfg.epsilon)
 
     def _choose_threshold(self) -> int:

@@ -117,11 +117,17 @@ def sum_noise(epsilon: float, top: int) -> DiscreteLaplace:
     return shared_laplace(epsilon / 2.0, top)
 
 
+def sum_drawable(epsilon: float, top: int) -> bool:
+    """Whether the excess sum's noise is within the exact sampler's range (scale ``top / eps_s <= 2^36``); beyond it
+    the statistic is not measured (a bound B that large over its resolution leaves nothing to learn)."""
+    return top / (epsilon / 2.0) <= 2.0**36
+
+
 def noisy_statistic(counts: np.ndarray, total: int, gen: KeyedGenerator, epsilon: float, top: int) -> bytes:
     """The excess sum and counts plus their noise (``epsilon``-DP together), as float64 bytes ``[sum, counts...]``
     (what a stream keeps: a few dozen numbers). Empty when nothing can be truncated (``top < 1``)."""
     n = len(counts)
-    if not n:
+    if not n or not sum_drawable(epsilon, top):
         return b""
     domain = int(Domain.TRUNCATION) << 16
     noise = gen.discrete_laplace(domain, _COUNTS, 0, n, count_noise(epsilon))
@@ -137,7 +143,8 @@ def noisy_statistics(stats: list[tuple[np.ndarray, int]], keys: np.ndarray, epsi
     from operators.noise import KeyRows, discrete_laplace_one_many
 
     domain = int(Domain.TRUNCATION) << 16
-    sizes = np.array([len(c) for c, _ in stats], dtype=np.int64)
+    sizes = np.array([len(c) if sum_drawable(epsilon, t) else 0 for (c, _), t in zip(stats, tops, strict=True)],
+                     dtype=np.int64)
     noisy = [np.asarray(c, dtype=np.int64).copy() for c, _ in stats]
     dl = count_noise(epsilon)
     for j in range(int(sizes.max(initial=0))):

@@ -128,7 +128,8 @@ def test_query_a_file_sums_windows_dedups_and_errs(tmp_path: Path) -> None:
     assert ans["total"] == pytest.approx(float(np.nansum(rel[1500:3000])), abs=1e-6)
     assert ans["released"] == 1500 and ans["missing"] == 0
     model = NoiseModel(epsilon=1.0, theta=op.theta, fanout=4, query_range=4096)
-    assert ans["stderr"] == pytest.approx(model.stderr(np.arange(500, 2000)))
+    assert ans["noise_sd"] == pytest.approx(model.stderr(np.arange(500, 2000)))
+    assert ans["low"] < ans["total"] < ans["high"] and ans["clamped_to_theta"]  # no status: no truncation statistic
     assert "50 repeated releases dropped" in res.stderr and "1 lines that are not releases" in res.stderr
     # per hour (60 ticks of a minute): every window's total, the windows tile the released ticks
     res = tops("query", src, "--stream", "dns", "--per", "hour", *params, "--json")
@@ -143,13 +144,17 @@ def test_query_a_file_sums_windows_dedups_and_errs(tmp_path: Path) -> None:
     assert r.duplicates == 50 and r.invalid == 1
 
 
-def test_query_without_the_hierarchy_says_why_there_is_no_bar(tmp_path: Path) -> None:
+def test_query_of_releases_without_a_status_says_why_there_is_no_interval(tmp_path: Path) -> None:
+    """Releases saved without their status (an older daemon's output): the sum, no interval, and the reason; a
+    holdout given by hand that the releases contradict is named."""
     src = tmp_path / "r.jsonl"
     src.write_text("\n".join(_daemon_jsonl(np.array([np.nan] * 10 + [1.0] * 10), "s", 4.0)) + "\n")
-    res = tops("query", src)  # default holdout 65536 cannot be: tick 10 is released
+    res = tops("query", src)
     assert res.returncode == 0, res.stderr
-    assert "no error bar: a release at tick 10 precedes the holdout m = 65536" in res.stderr
-    assert "sum 10 +- n/a" in res.stdout
+    assert "no error bar: the releases carry no status" in res.stderr
+    assert "sum 10  no interval" in res.stdout
+    res = tops("query", src, "--holdout", 65536)
+    assert "no error bar: a release at tick 10 precedes the holdout m = 65536" in res.stderr, res.stderr
 
 
 @pytest.mark.network
@@ -192,13 +197,156 @@ def test_query_live_from_the_daemon_topic(mosquitto, tmp_path: Path) -> None:
         status = next(json.loads(p) for t, p in reversed(sub.lines) if t == "dp/a/status" and "params" in p)
         p = status["params"]
         model = NoiseModel(epsilon=p["epsilon"], theta=status["theta"], fanout=p["fanout"],
-                           query_range=p["query_range"], smoother_layers=p["smoother_layers"])
+                           query_range=p["query_range"], smoother_layers=p["smoother_layers"], start_sd=p["start_sd"])
         assert p["holdout"] == 50 and p["fanout"] == 4 and p["query_range"] == 256
-        assert ans["stderr"] == pytest.approx(model.stderr(np.arange(50, 350)))
-        assert "error bars from status message" in err
+        assert ans["noise_sd"] == pytest.approx(model.stderr(np.arange(50, 350)))
+        assert ans["low"] <= float(values[100:].sum()) <= ans["high"]
+        assert "intervals from status" in err
+        for key in ("mode", "mechanism", "epsilon", "holdout", "query_range", "fanout", "smoother_layers", "smoother",
+                    "resolution", "bound", "truncation", "spread", "start_sd"):
+            assert key in p, key
+        assert status["generation"] == 1 and len(status["identity"]) == 32
         assert daemon.stop() == 0
     finally:
         if query is not None and query.poll() is None:
             query.kill()
         sub.close()
         daemon.kill()
+
+
+# -- what the daemon publishes, read without a parameter -----------------------------------------------------------
+def test_tops_query_on_the_quickstart_output_needs_no_parameter_and_holds_the_true_sum(tmp_path: Path) -> None:
+    """The Quickstart (``tops simulate --streams 1 --ticks 5000 | tops run``): its stdout starts with the stream's
+    status line, and ``tops query`` on it, with no parameter, gives intervals that hold the true sums: the whole
+    range, ticks 1000..1999, and at least 8 of the 10 windows of 400 ticks (each holds it with probability 0.95:
+    all of them with probability 0.6, fewer than 8 with probability 0.001)."""
+    sim = tops("simulate", "--streams", "1", "--ticks", "5000", "--seq-start", "0")
+    assert sim.returncode == 0, sim.stderr
+    run = subprocess.run([sys.executable, "-m", "stream.cli", "run", "--key-file", str(tmp_path / "k")],
+                         input=sim.stdout, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    first = json.loads(lines[0])
+    assert first["phase"] == "releasing" and first["params"]["holdout"] == 1000 and "tick" not in first
+    src = tmp_path / "rel.jsonl"
+    src.write_text(run.stdout)
+    truth = np.array([json.loads(x)["value"] for x in sim.stdout.splitlines()], dtype=float)
+    for extra, lo, hi in [((), 1000, 4999), (("--from", 1000, "--to", 1999), 1000, 1999)]:
+        res = tops("query", src, *extra, "--json")
+        assert res.returncode == 0, res.stderr
+        ans = json.loads(res.stdout)
+        assert ans["low"] <= truth[lo:hi + 1].sum() <= ans["high"], (ans, truth[lo:hi + 1].sum())
+        assert not ans["clamped_to_theta"] and ans["truncation_mean"] is not None
+        assert res.stderr.startswith("intervals from status (central tops, eps 1, ")
+    res = tops("query", src, "--per", 400, "--json")
+    windows = [json.loads(x) for x in res.stdout.splitlines()]
+    held = [w["low"] <= truth[w["first"]:w["last"] + 1].sum() <= w["high"] for w in windows if w["first"] >= 1000]
+    assert len(held) == 10 and sum(held) >= 8, windows
+    res = tops("query", src)
+    assert res.returncode == 0 and "in [" in res.stdout and "(95%, the true sum)" in res.stdout, res.stdout
+
+
+def _status(stream: str, generation: int, params: dict, theta: float = 4.0) -> str:
+    return json.dumps({"stream": stream, "phase": "releasing", "theta": theta, "identity": "ab" * 16,
+                       "generation": generation, "params": params})
+
+
+PUBLIC = {"mode": "central", "mechanism": "tops", "epsilon": 1.0, "holdout": 0, "query_range": 16, "fanout": 4,
+          "smoother_layers": 1, "smoother": "recent", "resolution": 1.0, "lower": 0.0, "bound": 8.0,
+          "start_sd": 0.0, "truncation": None, "spread": None,
+          "truncation_note": "theta is public: nothing measured the readings above it"}
+
+
+def test_query_refuses_a_range_that_holds_releases_of_two_configurations(tmp_path: Path) -> None:
+    """A file with a stream's releases under generation 1, then again from tick 0 under generation 2 (a new key): a
+    range over both is refused in one line that says how to choose; ``--generation`` answers for one."""
+    lines = [_status("s", 1, PUBLIC), *_daemon_jsonl(np.full(32, 2.0), "s", 4.0)]
+    lines += [_status("s", 2, PUBLIC), *_daemon_jsonl(np.full(32, 3.0), "s", 4.0)]
+    src = tmp_path / "two.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    res = tops("query", src)
+    assert res.returncode == 2 and len(res.stderr.splitlines()) == 1, res.stderr
+    assert "2 configurations" in res.stderr and "--generation" in res.stderr
+    res = tops("query", src, "--generation", 2, "--json")
+    ans = json.loads(res.stdout)
+    assert (ans["total"], ans["released"]) == (96.0, 32) and ans["low"] < 96.0 < ans["high"], res.stderr
+    assert Releases.from_file(src).range_sum(0, 31, generation=1).total == 64.0
+
+
+def test_a_window_inside_the_first_leaf_gets_an_interval_of_nonzero_width(tmp_path: Path) -> None:
+    """Releases of a stream whose first leaf (64 ticks) is not complete yet: every tick releases the start, and no
+    leaf says how the readings vary. The interval is not a point: it spans the readings' bound [lower, theta]."""
+    params = dict(PUBLIC, query_range=256, smoother_layers=3, bound=100.0)
+    src = tmp_path / "early.jsonl"
+    src.write_text("\n".join([_status("m", 1, params, theta=50.0), *_daemon_jsonl(np.full(5, 25.0), "m", 50.0)]))
+    ans = Releases.from_file(src).range_sum(1, 4)
+    assert ans.total == 100.0 and ans.low is not None and ans.high - ans.low >= 0.9 * 4 * 50.0, ans
+    assert ans.low <= 0.03 * 200 and ans.high >= 0.97 * 200 and "bounded by theta" in ans.note  # 95 % of [0, 200]
+
+
+def test_local_mode_releases_get_an_interval_without_parameters(tmp_path: Path) -> None:
+    """A local-mode (ToPL) stream's status line and its releases (one unbiased Hybrid report a tick): ``tops query``
+    needs no parameter, and the intervals (for the readings clamped to theta, which is what the reports estimate)
+    hold the clamped sums of at least 90 % of 300 windows (each at 95 %)."""
+    from operators.local.hybrid import hybrid_report
+    from operators.noise import Domain, KeyedGenerator
+    from operators.topl import ToPLConfig
+    from stream.commands.simulate import simulate_values
+    from stream.core.sinks import local_params
+
+    theta, eps, n = 400.0, 1.0, 20_000
+    x = simulate_values(n, seed=5)
+    gen = KeyedGenerator(bytes(range(32)))
+    u = gen.uniforms(int(Domain.LOCAL), 9, 0, 2 * n)
+    rel = hybrid_report(x, theta, eps, u[:n], u[n:])
+    params = local_params(ToPLConfig(epsilon=eps, bound=5000.0, holdout=1000))
+    lines = [json.dumps({"stream": "m", "phase": "releasing", "theta": theta, "identity": "cd" * 16,
+                         "generation": 1, "params": params})]
+    lines += [json.dumps({"stream": "m", "tick": 1000 + i, "ts": 1.8e9, "value": float(v), "epsilon": eps,
+                          "theta": theta}) for i, v in enumerate(rel)]
+    src = tmp_path / "local.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    res = tops("query", src, "--json")
+    assert res.returncode == 0 and res.stderr.startswith("intervals from status (local topl"), res.stderr
+    assert json.loads(res.stdout)["clamped_to_theta"]
+    releases = Releases.from_file(src)
+    c = np.concatenate([[0.0], np.cumsum(np.minimum(x, theta))])
+    rng = np.random.default_rng(2)
+    held = 0
+    for length in np.exp(rng.uniform(0, np.log(n), 300)).astype(int).tolist():
+        a = int(rng.integers(0, n - length + 1))
+        ans = releases.range_sum(1000 + a, 1000 + a + length - 1)
+        held += ans.low <= c[a + length] - c[a] <= ans.high
+    assert held >= 270, held
+
+
+def test_query_plot_draws_the_released_totals_with_their_intervals_and_the_truth(tmp_path: Path) -> None:
+    """``--plot FILE --truth READINGS`` writes a PNG of the totals per window (about 100 windows by default)."""
+    pytest.importorskip("matplotlib")
+    x = datasets.load("dns")[:6000].astype(float)
+    cfg = ToPSConfig(epsilon=1.0, bound=500, theta=30.0, query_range=4096, fanout=4)
+    rel, op = replay(x, cfg, bytes.fromhex(KEY))
+    params = dict(PUBLIC, query_range=4096, smoother_layers=op.smoother_layers, bound=500.0)
+    src, truth, png = tmp_path / "r.jsonl", tmp_path / "truth.npy", tmp_path / "r.png"
+    src.write_text("\n".join([_status("dns", 1, params, theta=30.0), *_daemon_jsonl(rel, "dns", 30.0)]) + "\n")
+    np.save(truth, x)
+    res = tops("query", src, "--plot", png, "--truth", truth)
+    assert res.returncode == 0, res.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot written to {png}" in res.stderr
+    assert len(res.stdout.splitlines()) == 100
+
+
+def test_the_python_api_answers_range_sums_and_windows_with_intervals(tmp_path: Path) -> None:
+    x = datasets.load("dns")[:8192].astype(float)
+    cfg = ToPSConfig(epsilon=1.0, bound=500, theta=30.0, query_range=4096, fanout=4)
+    rel, op = replay(x, cfg, bytes.fromhex(KEY))
+    params = dict(PUBLIC, query_range=4096, smoother_layers=op.smoother_layers, bound=500.0)
+    src = tmp_path / "r.jsonl"
+    src.write_text("\n".join([_status("dns", 1, params, theta=30.0), *_daemon_jsonl(rel, "dns", 30.0)]) + "\n")
+    releases = Releases.from_file(src)
+    ans = releases.range_sum(100, 5099)
+    assert ans.total == pytest.approx(float(rel[100:5100].sum())) and ans.low < ans.total < ans.high
+    hours = releases.per("hour")
+    assert len(hours) == 137 and all(h.low is not None and h.low < h.high for h in hours)
+    assert sum(h.released for h in hours) == 8192
+    assert [a.released for a in releases.per(4096)] == [4096, 4096]

@@ -157,6 +157,8 @@ def central_params(cfg: ToPSConfig, theta_units: int, s: int, error_stats: bytes
         p["truncation_note"] = "theta is the bound: nothing is truncated"
     elif trunc is None and cfg.theta is not None:
         p["truncation_note"] = "theta is public: nothing measured the readings above it"
+    elif trunc is None and error_stats is not None:
+        p["truncation_note"] = "not measured: (B - theta) / resolution is beyond the exact sampler's range"
     elif trunc is None:
         p["truncation_note"] = "not measured: the holdout ended before its statistic existed"
     p["spread"] = spread

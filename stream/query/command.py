@@ -196,13 +196,11 @@ def _plot(path: str, rel: Releases, name: str, answers: list[Answer], truth: np.
     tot = np.array([a.total for a in answers])
     fig, ax = plt.subplots(figsize=(10, 4.5))
     has = np.array([a.low is not None for a in answers])
-    if has.any():
-        lo = np.array([a.low if a.low is not None else a.total for a in answers])
-        hi = np.array([a.high if a.high is not None else a.total for a in answers])
-        ax.errorbar(x[has], tot[has], yerr=[tot[has] - lo[has], hi[has] - tot[has]], fmt="o", ms=3, capsize=2,
-                    lw=0.8, label="released total, 95 % interval for the true total")
-    if (~has).any():
-        ax.plot(x[~has], tot[~has], "o", ms=3, label="released total (no interval)")
+    if has.any():  # the interval is for the true total: it need not hold the released one
+        lo = np.array([a.low for a in answers if a.low is not None])
+        hi = np.array([a.high for a in answers if a.high is not None])
+        ax.vlines(x[has], lo, hi, lw=2.5, alpha=0.35, label="95 % interval for the true total")
+    ax.plot(x, tot, "o", ms=3, label="released total")
     if truth is not None:
         c = np.concatenate([[0.0], np.cumsum(truth)])
         ok = [a.last < truth.size for a in answers]

@@ -160,10 +160,12 @@ class Releases:
     """Releases of one or more streams, one per ``(stream, tick)`` and configuration.
 
     ``params``: public parameters given by hand for releases without a status (``--config`` or the options of
-    ``tops query``); a status's parameters win over them.
+    ``tops query``); a status's parameters win over them. ``range_error``: the class that makes the intervals of
+    central-mode streams (:class:`operators.error_bar.RangeError`, or a variant of it).
     """
 
-    def __init__(self, params: dict[str, Any] | None = None) -> None:
+    def __init__(self, params: dict[str, Any] | None = None, *, range_error: type[RangeError] = RangeError) -> None:
+        self.range_error = range_error
         self._streams: dict[str, list[Segment]] = {}
         self.duplicates = 0  # repeats dropped (same stream, tick and configuration)
         self.conflicts = 0  # repeats with another value (never expected: releases are final)
@@ -205,6 +207,29 @@ class Releases:
         except Exception as exc:  # aiomqtt.MqttError and OS errors: one line
             msg = f"MQTT {host}:{port}: {type(exc).__name__}: {exc}"
             raise QueryError(msg) from None
+        return rel
+
+    @classmethod
+    def from_arrays(cls, stream: str, ticks: Any, values: Any, status: dict[str, Any] | None = None, *,
+                    range_error: type[RangeError] = RangeError) -> Releases:
+        """Releases held in memory: stream ``stream``'s ``values`` at ``ticks`` (distinct), under ``status`` (the
+        stream's status message, as the daemon publishes it; None: none)."""
+        rel = cls(range_error=range_error)
+        seg = Segment()
+        if status is not None:
+            seg.status, seg.key = status, _status_key(status)
+        t = np.asarray(ticks, dtype=np.int64)
+        v = np.asarray(values, dtype=np.float64)
+        if t.shape != v.shape or t.ndim != 1 or not t.size or np.unique(t).size != t.size or t.min() < 0:
+            msg = "ticks and values: two 1-D arrays of one length, distinct ticks >= 0"
+            raise QueryError(msg)
+        seg.ticks, seg.values, seg.ts = t.tolist(), v.tolist(), [0.0] * t.size
+        seg.seen = dict.fromkeys(seg.ticks, 0.0)
+        if status is not None:
+            p = status.get("params", {})
+            seg.epsilon = p.get("epsilon") if type(p.get("epsilon")) in _REAL else None
+            seg.theta = status.get("theta") if type(status.get("theta")) in _REAL else None
+        rel._streams[stream] = [seg]
         return rel
 
     def add_payload(self, payload: bytes | str) -> int:
@@ -415,7 +440,8 @@ class Releases:
             lower = 0.0
         if not (type(bound) in _REAL and math.isfinite(bound) and bound > lower):
             bound = None
-        err = RangeError(model, x, trunc, lower=float(lower), bound=bound, spread=spread, nothing_truncated=nothing)
+        err = self.range_error(model, x, trunc, lower=float(lower), bound=bound, spread=spread,
+                               nothing_truncated=nothing)
         return err, holdout, source.removeprefix("the ")
 
     @staticmethod
