@@ -22,7 +22,8 @@ What a consumer derives (post-processing, :class:`Truncation`), with ``m`` the h
     per-tick excess: x_j with probability c_j / m               its shape, for short ranges              (T3)
 
 ``x_j`` is the mean of bin j's excesses; the counts ``c_j`` of (T3) are pooled from the top bin down until a pool's
-noisy count is 3 standard deviations of its noise (a pool below that is dropped: noise alone), and ``var_e`` is the
+noisy count is 3 standard deviations of its noise (a bin that is on its own is kept alone, and the pool above it,
+and any left at the end, dropped: noise alone), and ``var_e`` is the
 variance of (T3). A range of ``L`` ticks then loses ``L tau`` on average, with variance ``L var_e + L^2
 Var[tau_hat]`` (:mod:`operators.error_bar` makes it the upper part of an interval). The holdout stands for the ticks
 after it: a stream whose share of readings above theta changes after its holdout gets a term for the holdout's rate,
@@ -249,14 +250,19 @@ class Truncation:
         return self._shape
 
     def _pooled(self) -> tuple[np.ndarray, np.ndarray]:
-        """(T3): the per-tick excess's values and probabilities: the counts pooled from the top bin down, a pool
-        kept once its noisy count reaches ``POOL_SIGNIFICANCE`` standard deviations of its noise (spread over its
-        bins by their counts above 0), the remainder dropped; the rest of the mass is at 0."""
+        """(T3): the per-tick excess's values and probabilities: a bin whose noisy count reaches
+        ``POOL_SIGNIFICANCE`` standard deviations of its noise is kept alone; the others are pooled from the top bin
+        down, a pool kept once its noisy count reaches that many standard deviations of its noise (spread over its
+        bins by their counts above 0); a pool that never does (above a bin kept alone, or at the end) is dropped. The
+        rest of the mass is at 0."""
         c = np.asarray(self.counts, dtype=np.float64)
         p = np.zeros(c.size)
         sd = math.sqrt(self.count_variance)
         pool: list[int] = []
         for j in range(c.size - 1, -1, -1):
+            if c[j] >= POOL_SIGNIFICANCE * sd:  # a bin above its noise on its own: the pool above it was noise
+                p[j], pool = c[j], []
+                continue
             pool.append(j)
             total = float(c[pool].sum())
             if total > 0 and total >= POOL_SIGNIFICANCE * sd * math.sqrt(len(pool)):

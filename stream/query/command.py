@@ -42,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--to", dest="last", type=int, help="last tick of the range, inclusive (default: the last)")
     p.add_argument("--per", help="totals per window: minute, hour, day (by the releases' ts) or a number of ticks")
     p.add_argument("--json", action="store_true", help="one JSON object per answer (total, low, high, ...)")
+    p.add_argument("--level", type=float, default=0.95,
+                   help="how often the interval holds the true sum (default 0.95; in [0.5, 1))")
     p.add_argument("--generation", type=int,
                    help="the releases of this key generation only (a stream restarted as a new generation)")
     p.add_argument("--identity", help="the releases of this run or store identity only (a prefix is enough)")
@@ -147,7 +149,7 @@ def _window_ticks(per: str) -> int:
     return width
 
 
-def _fmt(a: Answer, per_time: bool) -> str:
+def _fmt(a: Answer, per_time: bool, level: float = 0.95) -> str:
     when = ""
     if per_time and a.start is not None:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(a.start)) + "  "
@@ -155,7 +157,7 @@ def _fmt(a: Answer, per_time: bool) -> str:
         bar = "no interval"
     else:
         of = "the sum clamped to theta" if a.clamped_to_theta else "the true sum"
-        bar = f"in [{a.low:.6g}, {a.high:.6g}] (95%, {of})"
+        bar = f"in [{a.low:.6g}, {a.high:.6g}] ({100 * level:g}%, {of})"
     return (f"{a.stream}  {when}ticks {a.first}..{a.last}  sum {a.total:.6g}  {bar}  releases {a.released}"
             + (f"  missing {a.missing}" if a.missing and not per_time else ""))
 
@@ -246,7 +248,7 @@ def main(args: argparse.Namespace) -> int:
                 raise QueryError(msg)
             rel = _live(args, user)
         elif args.source:
-            rel = Releases.from_file(args.source, user)
+            rel = Releases.from_file(args.source, user, level=args.level)
         else:
             msg = "give a file of releases or --host BROKER"
             raise QueryError(msg)
@@ -276,7 +278,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"plot written to {args.plot}", file=sys.stderr)
     per_time = bool(per) and per in _UNITS
     for a in answers:
-        print(json.dumps(a.to_dict()) if args.json else _fmt(a, per_time))
+        print(json.dumps(a.to_dict()) if args.json else _fmt(a, per_time, args.level))
     return 0
 
 
@@ -292,7 +294,7 @@ def _live(args: argparse.Namespace, user: dict[str, Any]) -> Releases:
         except (OSError, IndexError, ValueError):  # ValueError: not UTF-8
             msg = f"--password-file {args.password_file!r} cannot be read or is empty"
             raise QueryError(msg) from None
-    rel = Releases(user)
+    rel = Releases(user, level=args.level)
     try:
         asyncio.run(collect_live(rel, host=args.host, port=args.port, topics=args.topic or ["dp/#"],
                                  seconds=args.seconds, releases=args.releases, username=args.username,

@@ -65,8 +65,8 @@ class QueryError(Exception):
 @dataclass
 class Answer:
     """The sum of the releases of ``stream`` at ticks ``first..last`` (inclusive) that were received, and the 95 %
-    interval ``[low, high]`` for the true sum of the readings of those ticks (None: no interval, ``note`` says
-    why). ``noise_sd``, ``smoother_sd``, ``truncation_mean`` and ``truncation_sd`` are its parts
+    (or the ``level`` asked for) interval ``[low, high]`` for the true sum of the readings of those ticks (None: no
+    interval, ``note`` says why). ``noise_sd``, ``smoother_sd``, ``truncation_mean`` and ``truncation_sd`` are its parts
     (:class:`operators.error_bar.Interval`); ``clamped_to_theta``: the interval is for the readings clamped to theta
     (nothing measured the readings above it)."""
 
@@ -161,11 +161,17 @@ class Releases:
 
     ``params``: public parameters given by hand for releases without a status (``--config`` or the options of
     ``tops query``); a status's parameters win over them. ``range_error``: the class that makes the intervals of
-    central-mode streams (:class:`operators.error_bar.RangeError`, or a variant of it).
+    central-mode streams (:class:`operators.error_bar.RangeError`, or a variant of it); ``level``: the intervals'
+    coverage (default 0.95).
     """
 
-    def __init__(self, params: dict[str, Any] | None = None, *, range_error: type[RangeError] = RangeError) -> None:
+    def __init__(self, params: dict[str, Any] | None = None, *, range_error: type[RangeError] = RangeError,
+                 level: float = 0.95) -> None:
+        if not 0.5 <= level < 1.0:
+            msg = f"the level of an interval is in [0.5, 1) (got {_short(level)})"
+            raise QueryError(msg)
         self.range_error = range_error
+        self.level = level
         self._streams: dict[str, list[Segment]] = {}
         self.duplicates = 0  # repeats dropped (same stream, tick and configuration)
         self.conflicts = 0  # repeats with another value (never expected: releases are final)
@@ -174,9 +180,9 @@ class Releases:
 
     # -- input --------------------------------------------------------------------------------------------------
     @classmethod
-    def from_file(cls, path: str | Path, params: dict[str, Any] | None = None) -> Releases:
+    def from_file(cls, path: str | Path, params: dict[str, Any] | None = None, *, level: float = 0.95) -> Releases:
         """The releases of a file, a payload a line (lines longer than ``MAX_LINE_BYTES`` are counted invalid)."""
-        rel = cls(params)
+        rel = cls(params, level=level)
         p = Path(path)
         try:
             with p.open("rb") as f:
@@ -441,7 +447,7 @@ class Releases:
         if not (type(bound) in _REAL and math.isfinite(bound) and bound > lower):
             bound = None
         err = self.range_error(model, x, trunc, lower=float(lower), bound=bound, spread=spread,
-                               nothing_truncated=nothing)
+                               nothing_truncated=nothing, level=self.level)
         return err, holdout, source.removeprefix("the ")
 
     @staticmethod
@@ -470,7 +476,8 @@ class Releases:
         x[np.asarray(s.ticks, dtype=np.int64) - holdout] = s.values
         bound = p.get("bound")
         bound = float(bound) if type(bound) in _REAL and math.isfinite(bound) and bound > 0 else None
-        return LocalRangeError(float(eps), float(theta), x, extra[0], bound=bound), holdout, source.removeprefix("the ")
+        err = LocalRangeError(float(eps), float(theta), x, extra[0], bound=bound, level=self.level)
+        return err, holdout, source.removeprefix("the ")
 
     # -- answers ------------------------------------------------------------------------------------------------
     def range_sum(self, first: int, last: int, *, stream: str | None = None, **choose: Any) -> Answer:
