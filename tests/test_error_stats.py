@@ -6,6 +6,7 @@ distributions."""
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 
 import numpy as np
@@ -207,3 +208,37 @@ def test_the_pair_variance_by_common_ancestor_is_the_dense_trees() -> None:
         g[k % lpt], g[(k + 1) % lpt] = -1.0, 1.0
         want.append(consistent_leaf_variance_weights(g, fanout=4, layers=m.layers) * m.node_variance)
     assert m.pair_variance(np.arange(2 * lpt - 1)) == pytest.approx(np.array(want), rel=1e-12)
+
+
+# -- kept with the stream, stated in its status --------------------------------------------------------------------
+@pytest.mark.parametrize("step", [1, 40])
+def test_a_stream_states_its_statistics_by_every_path_and_after_a_restore(step: int) -> None:
+    """Streams of a router with rows end their holdout one by one (step 1: each operator's own path) or many in a
+    step (rows): each record keeps what its own operator measures, its status states it, and a record restored from
+    the stored state states the same."""
+    from stream.core.router import Router
+    from stream.core.sinks import encode_status
+    from stream.state.records import apply_state, record_state
+
+    cfg = ToPSConfig(epsilon=1.0, bound=100, holdout=20, query_range=256, fanout=4)
+    router = Router(lambda name: ToPS(cfg, hashlib.sha256(name.encode()).digest()), 100)
+    router.use_columns(capacity=8, ahead=3)
+    rng = np.random.default_rng(step)
+    names = [f"m{i}" for i in range(12)]
+    values = {n: rng.uniform(0, 120, 40).tolist() for n in names}
+    feed = [(n, v) for i in range(40) for n in names for v in [values[n][i]]]
+    for i, (name, v) in enumerate(feed):
+        assert router.add(router.record(name), v, None, None, 0.0) == "ok"
+        if (i + 1) % step == 0:
+            router.flush()
+    router.flush()
+    for name in names:
+        rec = router.streams[name]
+        alone = ToPS(cfg, hashlib.sha256(name.encode()).digest())
+        alone.process(np.array(values[name]))
+        assert rec.error_stats == alone.error_stats is not None, name
+        status = json.loads(encode_status(rec))
+        assert status["params"]["truncation"]["holdout"] == 20 and status["params"]["spread"] is not None
+        other = Router(lambda n: ToPS(cfg, hashlib.sha256(n.encode()).digest()), 100).record(name)
+        apply_state(other, json.loads(json.dumps(record_state(rec))))
+        assert other.error_stats == rec.error_stats
