@@ -350,3 +350,22 @@ def test_the_python_api_answers_range_sums_and_windows_with_intervals(tmp_path: 
     assert len(hours) == 137 and all(h.low is not None and h.low < h.high for h in hours)
     assert sum(h.released for h in hours) == 8192
     assert [a.released for a in releases.per(4096)] == [4096, 4096]
+
+
+def test_a_local_mode_streams_status_line_says_what_its_releases_are() -> None:
+    """A releasing local-mode stream's status (the line before its first release on stdout, the retained message on
+    MQTT) states its mode and mechanism, epsilon, theta and holdout: what tops query reads it with."""
+    from operators.topl import ToPLConfig
+    from operators.topl_server import LocalServer
+    from stream.core.router import StreamRecord
+    from stream.core.sinks import status_line
+
+    srv = LocalServer(ToPLConfig(epsilon=1.0, bound=64.0, holdout=3))
+    rec = StreamRecord(name="d", operator=srv, name_json='"d"', identity="ef" * 16)
+    assert status_line(rec) is None  # in its holdout: nothing released yet
+    srv.observe_threshold(np.array([10.0, 20.0, 30.0]))
+    rec.phase = srv.phase
+    line = json.loads(status_line(rec))
+    assert line["phase"] == "releasing" and line["theta"] == srv.theta and line["generation"] == 1
+    assert {k: line["params"][k] for k in ("mode", "mechanism", "epsilon", "holdout")} == {
+        "mode": "local", "mechanism": "topl-hybrid", "epsilon": 1.0, "holdout": 3}
