@@ -24,18 +24,22 @@ backwards (their adjoint), in O(leaves of a tree).
 **P, the smoother's prediction error (Eq. 2).** A leaf the range covers only partly contributes ``j`` ticks
 predicted at ``p_k`` (``j`` = the ticks of the leaf in the range, or, when the range holds the leaf's last tick, the
 ticks it leaves out): ``P_k = j p_k - S_k[those ticks]`` less its noise. Writing the partial sum as its share of the
-leaf sum plus a bridge, for locally stationary data (the model of ``operators.selection``, step 3)::
+leaf sum plus a bridge (the model of ``operators.selection``, step 3)::
 
-    E[P_k^2] = (j/w)^2 D_k + (j/w)(1 - j/w) D_k / 2,      D_k = E[(S_k - S_{k-1})^2]                    (2)
+    E[P_k^2] = (j/w)^2 D_k + (1 - j/w) D(j) / 2,      D_k = E[(S_k - S_{k-1})^2]                           (2)
 
-``D_k`` is measured on the releases themselves (post-processing, no budget): the releases of a complete leaf add up
-to ``u_k`` exactly, so ``(u_k - u_{k-1})^2 - Var[Z_k - Z_{k-1}]`` is an unbiased estimate of it (the noise's
-variance is known exactly, Eq. 1), averaged over the nearest pairs of complete leaves (:class:`LeafSpread`): as
-few as give ``nu >= 30`` degrees of freedom, more when the noise hides the data's spread; the part is then widened
-to Student's t with ``nu`` degrees of freedom. The first leaf is predicted by the start (the holdout's noisy mean, or
-``theta / 2``): its error is taken as ``max(D / 2, (w p_0 - u_0)^2 - Var[Z_0] - (w sd_start)^2)``. A range that
-cuts a leaf before any two complete leaves were released has no model for it: those ticks' truncated sum is taken
-as anywhere in ``[lower, theta]`` each (a uniform spread over that bound, never a width of 0).
+with ``D(j)`` the spread of consecutive ``j``-tick sums (for white noise ``D(j) = (j/w) D_k``; (S1) of
+:mod:`operators.spread` otherwise: the holdout's per-reading variance and block spreads, since the releases carry
+nothing below a leaf). ``D_k`` is measured on the releases themselves (post-processing, no budget): the releases of
+a complete leaf add up to ``u_k`` exactly, so ``(u_k - u_{k-1})^2 - Var[Z_k - Z_{k-1}]`` is an unbiased estimate of
+it (the noise's variance is known exactly, Eq. 1), averaged over the nearest pairs of complete leaves
+(:class:`LeafSpread`): as few as give ``nu >= 30`` degrees of freedom, more when the noise hides the data's spread
+(then read as the mean of ``D >= 0`` given the estimate); the parts that rest on it are widened to Student's t with
+``nu`` degrees of freedom, the white part for the holdout variance's own. The first leaf is predicted by the start
+(the holdout's noisy mean, or ``theta / 2``): its error is taken as ``max(D / 2, (w p_0 - u_0)^2 - Var[Z_0] - (w
+sd_start)^2)``. A range that cuts a leaf before any two complete leaves were released has no model for it: those
+ticks' truncated sum is taken as anywhere in ``[lower, theta]`` each (a uniform spread over that bound, never a width
+of 0).
 
 **E, what truncation at theta took (Eq. 3).** ``sum_t (v_t - theta)+`` over the range: one-sided, growing with
 the range's length. The stream's truncation statistic (:mod:`operators.truncation`, a DP output of the holdout)
@@ -44,11 +48,13 @@ draws of (T3) and ``tau_hat``'s own error of variance (T2). With a public theta 
 above it: the interval is then for the sum of the readings clamped to theta, and says so.
 
 **The interval (Eq. 4).** ``N`` (its ``K`` largest node terms as Laplace variables, the rest normal), ``P``
-(normal), ``E`` and ``tau_hat``'s error (normal) are independent; the 2.5 % and 97.5 % quantiles of their sum are
-computed from the product of their characteristic functions by a discrete Fourier transform (:func:`quantiles`).
-A single Laplace term's 95 % is 2.12 standard deviations, not 1.96; a range of a few ticks whose excess is mostly 0
-and sometimes large has a skewed interval. ``[low, high] = R + [q_2.5, q_97.5]``, intersected with
-``[|J| lower, |J| B]``.
+(normal), ``E`` (the compound of (T3)) and ``tau_hat``'s error (its noise a Laplace term, its sampling error normal)
+are independent; the 2.5 % and 97.5 % quantiles of their sum are computed from the product of their characteristic
+functions by a discrete Fourier transform (:func:`quantiles`). A single Laplace term's 95 % is 2.12 standard
+deviations, not 1.96; a range of a few ticks whose excess is mostly 0 and sometimes large has a skewed interval.
+Since ``E >= 0``, the interval of the truncated sum (without ``E``) bounds the true sum too: each end is the larger
+of the two intervals' (``tau_hat``'s noise then widens only the upper end). ``[low, high] = R + [q_2.5, q_97.5]``,
+kept inside ``[|J| lower, |J| B]``.
 
 The median smoother's prediction is not linear in the ``u_k``: no error bar for it.
 
