@@ -1,6 +1,7 @@
 """What truncation at theta takes from a range sum, measured privately on the holdout.
 
-ToPS releases estimate the sum of the readings truncated at theta (seed 001, Algorithm 1, "Truncate"): a range of
+ToPS releases estimate the sum of the readings truncated at theta (Wang et al., Continuous Release of Data Streams
+under both Centralized and Local Differential Privacy, CCS 2021, Algorithm 1, "Truncate"): a range of
 ``L`` ticks loses ``E = sum_t (v_t - theta)+``, one-sided and growing with ``L``, and nothing in the releases says
 how much. This module measures it where theta is chosen, on the holdout, as a DP output of its own. With ``x = v -
 theta`` a holdout reading's excess (quantized units, at most ``top = B - theta``):
