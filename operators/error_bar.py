@@ -725,9 +725,9 @@ class RangeError:
 
 class LocalRangeError:
     """Intervals for the range sums of a local-mode (ToPL) stream: each release is the unbiased Hybrid report of its
-    tick's reading truncated at theta (Wang et al., Continuous Release of Data Streams under both Centralized and Local Differential Privacy,
-    CCS 2021, Section 4.2; one report a tick), so a range sum is the truncated
-    sum plus independent noise of variance ``theta^2 / 4 Var_HM(x, eps)`` per tick (:mod:`operators.local.hybrid`):
+    tick's reading truncated at theta (Wang et al., Continuous Release of Data Streams under both Centralized and
+    Local Differential Privacy, CCS 2021, Section 4.2; one report a tick), so a range sum is the truncated sum plus
+    independent noise of variance ``theta^2 / 4 Var_HM(x, eps)`` per tick (:mod:`operators.local.hybrid`):
     Eq. 22's for ``eps > 0.61`` (the same for every reading), and Stochastic Rounding's ``s^2 - x^2`` below, taken
     at ``x`` = the readings' mean on the unit scale, estimated from all releases (an upper bound: ``E[x^2] >=
     E[x]^2``). The sum of many bounded reports is normal; the interval is clipped to ``[0, |J| B]``. Truncation:
