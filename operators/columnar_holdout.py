@@ -286,8 +286,11 @@ class ColumnarHoldout(RowStore):
         measures when it starts (:meth:`operators.tops.ToPS.measure_error_stats`), the same values."""
         rows = np.asarray(rows, dtype=np.int64)
         cfg = self.config
-        return measure_rows([self.hist[r] for r in rows.tolist()], self.candidates, self.key[rows], thetas=thetas,
-                            bound_units=self.bound_units, threshold_epsilon=cfg.threshold_epsilon or cfg.epsilon)
+        # each row's readings at their cells' values (the histogram's extra cell is empty: readings are at most B)
+        at = np.append(self.candidates, self.candidates[-1]).astype(np.int64)
+        values = np.stack([np.repeat(at, c) for c in self.hist[rows].astype(np.int64)])
+        return measure_rows(values, self.key[rows], thetas=thetas, bound_units=self.bound_units,
+                            threshold_epsilon=cfg.threshold_epsilon or cfg.epsilon)
 
     def operator(self, r: int) -> ToPS:
         """A ToPS object holding row ``r``'s state: the histogram, block statistics and counters the stream's own
@@ -461,11 +464,10 @@ class ShortHoldout(RowStore):
     def error_stats(self, rows: np.ndarray, thetas: list[int]) -> list[bytes]:
         """:meth:`ColumnarHoldout.error_stats` for short rows (their cells counted)."""
         rows = np.asarray(rows, dtype=np.int64)
-        size = len(self.candidates) + 1
         cfg = self.config
-        return measure_rows([np.bincount(self.cell[r, : self.m], minlength=size) for r in rows.tolist()],
-                            self.candidates, self.key[rows], thetas=thetas, bound_units=self.bound_units,
-                            threshold_epsilon=cfg.threshold_epsilon or cfg.epsilon)
+        cells = np.minimum(self.cell[rows, : self.m].astype(np.int64), len(self.candidates) - 1)
+        return measure_rows(np.asarray(self.candidates, dtype=np.int64)[cells], self.key[rows], thetas=thetas,
+                            bound_units=self.bound_units, threshold_epsilon=cfg.threshold_epsilon or cfg.epsilon)
 
     def operator(self, r: int) -> ToPS:
         """A ToPS object holding row ``r``'s state, as its own operator holds it after the same readings."""

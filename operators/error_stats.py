@@ -14,8 +14,8 @@ counts...]``), about 300 bytes; :func:`status` states them in value units.
 >>> blob = measure(hist, np.arange(1, 11), theta_units=5, bound_units=10, blocks=None, leaf_ticks=1,
 ...                gen=KeyedGenerator(bytes(32)), threshold_epsilon=1.0)
 >>> trunc, spread = status(blob, theta_units=5, bound_units=10, resolution=1.0, threshold_epsilon=1.0, holdout=100)
->>> trunc["edges"], len(trunc["counts"]), spread["widths"], spread["holdout"]
-([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 5, [], 100)
+>>> trunc["edges"], trunc["counts"], sorted(spread)[:3]       # 100 readings: too few for the excess histogram
+([], [], ['abs_variance', 'holdout', 'mean_abs'])
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 
 from operators.noise import KeyedGenerator
-from operators.spread import SPREAD_SHARE, noisy_spread, spread_status, truncated_moments
+from operators.spread import SPREAD_SHARE, noisy_spread, noisy_spread_rows, spread_status, truncated_moments
 from operators.truncation import (
     TRUNCATION_SHARE,
     excess_counts,
+    excess_edges,
     noisy_statistic,
     noisy_statistics,
     truncation_status,
@@ -50,28 +51,46 @@ def measure(hist: np.ndarray, candidates: np.ndarray, *, theta_units: int, bound
     chosen theta and leaf width, as the stream keeps them."""
     _, eps_t, eps_s = budgets(threshold_epsilon)
     counts, total = excess_counts(hist, candidates, theta_units=theta_units, bound_units=bound_units)
-    trunc = noisy_statistic(counts, total, gen, eps_t, bound_units - theta_units)
+    trunc = noisy_statistic(counts, total, gen, eps_t, bound_units - theta_units, int(np.sum(hist)))
     spread = noisy_spread(truncated_moments(hist, candidates, theta_units), blocks, theta_units=theta_units,
                           leaf_ticks=leaf_ticks, gen=gen, epsilon=eps_s)
     return _pack(spread, trunc)
 
 
-def measure_rows(hists: list[np.ndarray], candidates: np.ndarray, keys: np.ndarray, *, thetas: list[int],
-                 bound_units: int, threshold_epsilon: float) -> list[bytes]:
-    """:func:`measure` for many holdouts (the rows of a columnar holdout that end in rows: each one's histogram over
-    the candidates, its key row, its theta), the truncation statistics drawn together: the same values."""
-    from operators.noise import KeyedGenerator as Gen
-
+def measure_rows(values: np.ndarray, keys: np.ndarray, *, thetas: list[int], bound_units: int,
+                 threshold_epsilon: float) -> list[bytes]:
+    """:func:`measure` for many short holdouts (the rows of a columnar holdout that end in rows: row ``i`` of
+    ``values`` holds stream ``i``'s readings in units, each at its cell's value; ``keys[i]`` its key; ``thetas[i]``
+    its theta; no block width fits such a holdout): the same values, each draw made for all streams at once (a call
+    per bin and statistic, not per stream)."""
     _, eps_t, eps_s = budgets(threshold_epsilon)
-    stats = [excess_counts(h, candidates, theta_units=t, bound_units=bound_units)
-             for h, t in zip(hists, thetas, strict=True)]
-    truncs = noisy_statistics(stats, keys, eps_t, [bound_units - t for t in thetas])
-    out = []
-    for h, t, key, trunc in zip(hists, thetas, keys, truncs, strict=True):
-        spread = noisy_spread(truncated_moments(h, candidates, t), None, theta_units=t, leaf_ticks=1,
-                              gen=Gen(key.tobytes()), epsilon=eps_s)
-        out.append(_pack(spread, trunc))
-    return out
+    values = np.asarray(values, dtype=np.int64)
+    thetas_arr = np.asarray(thetas, dtype=np.int64)
+    stats: list[tuple[np.ndarray, int]] = [(np.zeros(0, np.int64), 0)] * len(thetas_arr)
+    for theta in np.unique(thetas_arr).tolist():  # the exact counts of the streams of each theta, in numpy
+        idx = np.flatnonzero(thetas_arr == theta)
+        for i, c in zip(idx.tolist(), _excess_rows(values[idx], theta, bound_units - theta), strict=True):
+            stats[i] = c
+    truncs = noisy_statistics(stats, keys, eps_t, (bound_units - thetas_arr).tolist(), values.shape[1])
+    t = np.minimum(values, thetas_arr[:, None])
+    spreads = noisy_spread_rows(t.sum(axis=1), (t * t).sum(axis=1), keys, theta_units=thetas_arr.tolist(),
+                                epsilon=eps_s)
+    return [_pack(sp, tr) for sp, tr in zip(spreads, truncs, strict=True)]
+
+
+def _excess_rows(v: np.ndarray, theta: int, top: int) -> list[tuple[np.ndarray, int]]:
+    """:func:`operators.truncation.excess_counts` of streams of one theta (row ``k`` of ``v``: a stream's readings
+    in units)."""
+    edges = excess_edges(top)
+    n = len(v)
+    if edges.size < 2:
+        return [(np.zeros(0, np.int64), 0)] * n
+    excess = np.minimum(v - theta, top)
+    totals = np.where(excess > 0, excess, 0).sum(axis=1).tolist()
+    counts = np.zeros((n, edges.size - 1), dtype=np.int64)
+    r, c = np.nonzero(excess >= 1)
+    np.add.at(counts, (r, np.searchsorted(edges, excess[r, c], side="right") - 1), 1)
+    return list(zip(counts, totals, strict=True))
 
 
 def _pack(spread: list[float] | None, trunc: bytes) -> bytes:

@@ -47,8 +47,8 @@ import numpy as np
 
 from operators.noise import Domain, KeyedGenerator, shared_laplace
 
-__all__ = ["MAX_WIDTHS", "SPREAD_SHARE", "Spread", "measured_widths", "noisy_spread", "spread_status",
-           "truncated_moments"]
+__all__ = ["MAX_WIDTHS", "SPREAD_SHARE", "Spread", "measured_widths", "noisy_spread", "noisy_spread_rows",
+           "spread_status", "truncated_moments"]
 
 SPREAD_SHARE = 0.12  # of the threshold budget eps_T
 MAX_WIDTHS = 3  # block widths b, b^2, b^3 below a leaf
@@ -101,6 +101,32 @@ def noisy_spread(moments: tuple[int, int], blocks: Any, *, theta_units: int, lea
         z = gen.discrete_laplace_one(domain, _ADDRESS, 2 + i, dl)
         out += [float(blocks.widths[i]), (round(float(blocks.acc[i, k]) / pairs * _STEPS) + z) / _STEPS,
                 dl.variance / _STEPS**2]
+    return out
+
+
+def noisy_spread_rows(sums: np.ndarray, squares: np.ndarray, keys: np.ndarray, *, theta_units: list[int],
+                      epsilon: float) -> list[list[float] | None]:
+    """:func:`noisy_spread` without block widths for many streams (their exact sums and sums of squares, their key
+    rows, their thetas): the same numbers, each draw made for all at once."""
+    from operators.noise import KeyRows, discrete_laplace_one_many
+
+    e1, e2 = epsilon / 8.0, 3.0 * epsilon / 8.0
+    thetas = np.asarray(theta_units, dtype=np.int64)
+    ok = np.flatnonzero(thetas.astype(np.float64) ** 2 / e2 <= _SCALE_MAX)
+    out: list[list[float] | None] = [None] * len(thetas)
+    if not ok.size:
+        return out
+    distinct, which = np.unique(thetas[ok], return_inverse=True)
+    n1 = [shared_laplace(e1, t) for t in distinct.tolist()]
+    n2 = [shared_laplace(e2, t * t) for t in distinct.tolist()]
+    domain = int(Domain.TRUNCATION) << 16
+    gens = KeyRows(np.asarray(keys)[ok])
+    z1 = discrete_laplace_one_many(gens, domain, _ADDRESS, 0, n1, which)
+    z2 = discrete_laplace_one_many(gens, domain, _ADDRESS, 1, n2, which)
+    sums, squares = np.asarray(sums).tolist(), np.asarray(squares).tolist()
+    for k, i in enumerate(ok.tolist()):
+        w = int(which[k])
+        out[i] = [float(sums[i] + z1[k]), n1[w].variance, float(squares[i] + z2[k]), n2[w].variance]
     return out
 
 

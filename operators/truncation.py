@@ -48,6 +48,7 @@ make the upper end of a long range's interval wide.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -75,19 +76,24 @@ COUNT_SENSITIVITY = 2  # a changed reading: one count down, one up
 POOL_SIGNIFICANCE = 3.0  # a pool of bins counts in the shape once its noisy count is this many noise sds
 _COUNTS, _SUM = 0, 1  # the addresses of the two draws
 _MAX_BINS = 4096
+_NO_EDGES = np.zeros(0, dtype=np.int64)
+_NO_EDGES.flags.writeable = False
 
 
+@functools.lru_cache(maxsize=4096)
 def excess_edges(top: int) -> np.ndarray:
     """The bins' edges in units: ``e_0 = 1 < ... < e_n = top + 1``, bin ``j`` holding the excesses
     ``e_j <= x < e_{j+1}`` (one unit wide up to 8, then about sqrt(2) apart). ``top = B - theta`` in units, the largest
     excess a reading clamped to B can have; no bin when ``top < 1`` (theta = B truncates nothing)."""
     if top < 1:
-        return np.zeros(0, dtype=np.int64)
+        return _NO_EDGES
     edges = list(range(1, min(top, UNIT_BINS) + 2))
     while edges[-1] <= top:
         edges.append(max(edges[-1] + 1, round(edges[-1] * _RATIO)))
     edges[-1] = top + 1
-    return np.asarray(edges, dtype=np.int64)
+    out = np.asarray(edges, dtype=np.int64)
+    out.flags.writeable = False  # shared by every stream of this theta
+    return out
 
 
 def excess_counts(hist: np.ndarray, candidates: np.ndarray, *, theta_units: int, bound_units: int
@@ -114,9 +120,17 @@ def count_noise(epsilon: float) -> DiscreteLaplace:
     return shared_laplace(epsilon / 2.0, COUNT_SENSITIVITY)
 
 
-def sum_noise(epsilon: float, top: int) -> DiscreteLaplace:
-    """The noise of the excess sum: exact discrete Laplace at ``top / eps_s``."""
-    return shared_laplace(epsilon / 2.0, top)
+def histogram_measured(epsilon: float, holdout: int) -> bool:
+    """Whether a holdout is long enough for its excess histogram: a bin is kept once its count is
+    ``POOL_SIGNIFICANCE`` noise sds, so a holdout of fewer readings would measure noise alone. Without it the sum takes
+    the whole budget ``eps_x`` (public: from the budget and the holdout's length only)."""
+    return holdout >= POOL_SIGNIFICANCE * math.sqrt(count_noise(epsilon).variance)
+
+
+def sum_noise(epsilon: float, top: int, histogram: bool = True) -> DiscreteLaplace:
+    """The noise of the excess sum: exact discrete Laplace at ``top / eps_s`` (``eps_s = eps_x / 2`` beside the
+    histogram, ``eps_x`` alone)."""
+    return shared_laplace(epsilon / 2.0 if histogram else epsilon, top)
 
 
 def sum_drawable(epsilon: float, top: int) -> bool:
@@ -125,28 +139,34 @@ def sum_drawable(epsilon: float, top: int) -> bool:
     return top / (epsilon / 2.0) <= 2.0**36
 
 
-def noisy_statistic(counts: np.ndarray, total: int, gen: KeyedGenerator, epsilon: float, top: int) -> bytes:
+def noisy_statistic(counts: np.ndarray, total: int, gen: KeyedGenerator, epsilon: float, top: int,
+                    holdout: int) -> bytes:
     """The excess sum and counts plus their noise (``epsilon``-DP together), as float64 bytes ``[sum, counts...]``
-    (what a stream keeps: a few dozen numbers). Empty when nothing can be truncated (``top < 1``)."""
+    (what a stream keeps: a few dozen numbers; the sum alone for a holdout too short for the histogram,
+    :func:`histogram_measured`). Empty when nothing can be truncated (``top < 1``)."""
     n = len(counts)
     if not n or not sum_drawable(epsilon, top):
         return b""
     domain = int(Domain.TRUNCATION) << 16
+    histogram = histogram_measured(epsilon, holdout)
+    z = gen.discrete_laplace_one(domain, _SUM, 0, sum_noise(epsilon, top, histogram))
+    if not histogram:
+        return pack_statistic(total + z, np.zeros(0, dtype=np.int64))
     noise = gen.discrete_laplace(domain, _COUNTS, 0, n, count_noise(epsilon))
-    z = gen.discrete_laplace_one(domain, _SUM, 0, sum_noise(epsilon, top))
-    return _pack(total + z, np.asarray(counts, dtype=np.int64) + noise)
+    return pack_statistic(total + z, np.asarray(counts, dtype=np.int64) + noise)
 
 
 def noisy_statistics(stats: list[tuple[np.ndarray, int]], keys: np.ndarray, epsilon: float,
-                     tops: list[int]) -> list[bytes]:
+                     tops: list[int], holdout: int) -> list[bytes]:
     """:func:`noisy_statistic` of many streams (stream ``i``'s exact counts and sum ``stats[i]``, its key row
     ``keys[i]``, its ``tops[i]``): the same values, each draw made for all streams at once (many holdouts ending in
     one processing step)."""
     from operators.noise import KeyRows, discrete_laplace_one_many
 
     domain = int(Domain.TRUNCATION) << 16
-    sizes = np.array([len(c) if sum_drawable(epsilon, t) else 0 for (c, _), t in zip(stats, tops, strict=True)],
-                     dtype=np.int64)
+    histogram = histogram_measured(epsilon, holdout)
+    sizes = np.array([len(c) if sum_drawable(epsilon, t) and histogram else 0
+                      for (c, _), t in zip(stats, tops, strict=True)], dtype=np.int64)
     noisy = [np.asarray(c, dtype=np.int64).copy() for c, _ in stats]
     dl = count_noise(epsilon)
     for j in range(int(sizes.max(initial=0))):
@@ -154,18 +174,21 @@ def noisy_statistics(stats: list[tuple[np.ndarray, int]], keys: np.ndarray, epsi
         drawn = discrete_laplace_one_many(KeyRows(keys[who]), domain, _COUNTS, j, [dl], np.zeros(who.size, np.int64))
         for i, z in zip(who.tolist(), drawn, strict=True):
             noisy[i][j] += z
-    who = np.flatnonzero(sizes > 0)
-    distinct = sorted({tops[i] for i in who.tolist()})
-    which = np.array([distinct.index(tops[i]) for i in who.tolist()], dtype=np.int64)
-    sums = discrete_laplace_one_many(KeyRows(keys[who]), domain, _SUM, 0, [sum_noise(epsilon, t) for t in distinct],
-                                     which) if who.size else []
+    who = np.flatnonzero([len(c) > 0 and sum_drawable(epsilon, t) for (c, _), t in zip(stats, tops, strict=True)])
     out = [b""] * len(stats)
+    if not who.size:
+        return out
+    distinct, which = np.unique(np.asarray(tops, dtype=np.int64)[who], return_inverse=True)
+    sums = discrete_laplace_one_many(KeyRows(keys[who]), domain, _SUM, 0,
+                                     [sum_noise(epsilon, t, histogram) for t in distinct.tolist()], which)
+    empty = np.zeros(0, dtype=np.int64)
     for i, z in zip(who.tolist(), sums, strict=True):
-        out[i] = _pack(stats[i][1] + z, noisy[i])
+        out[i] = pack_statistic(stats[i][1] + z, noisy[i] if histogram else empty)
     return out
 
 
-def _pack(total: int, counts: np.ndarray) -> bytes:
+def pack_statistic(total: int, counts: np.ndarray) -> bytes:
+    """The noisy excess sum and counts as a stream keeps them (float64 bytes ``[sum, counts...]``)."""
     return np.concatenate([[float(total)], counts.astype(np.float64)]).astype("<f8").tobytes()
 
 
@@ -178,10 +201,11 @@ def truncation_status(noisy: bytes, *, theta_units: int, bound_units: int, resol
         return None
     values = np.frombuffer(noisy, dtype="<f8")
     top = bound_units - theta_units
-    edges = excess_edges(top)
+    histogram = values.size > 1
+    edges = excess_edges(top) if histogram else np.zeros(0, dtype=np.int64)
     return {"epsilon": epsilon, "holdout": holdout, "step": resolution,
             "excess_sum": float(values[0]) * resolution,
-            "sum_variance": sum_noise(epsilon, top).variance * resolution**2,
+            "sum_variance": sum_noise(epsilon, top, histogram).variance * resolution**2,
             "edges": [float(e * resolution) for e in edges.tolist()],
             "counts": [int(c) for c in values[1:].tolist()],
             "count_variance": count_noise(epsilon).variance}
@@ -212,9 +236,9 @@ class Truncation:
             raise ValueError("truncation must be an object")
         edges, counts = d.get("edges"), d.get("counts")
         m, step = d.get("holdout"), d.get("step", 1.0)
-        if not (isinstance(edges, list) and isinstance(counts, list) and len(edges) == len(counts) + 1
-                and len(counts) <= _MAX_BINS):
-            raise ValueError("truncation edges and counts must be lists, one more edge than counts")
+        if not (isinstance(edges, list) and isinstance(counts, list) and len(counts) <= _MAX_BINS
+                and (len(edges) == len(counts) + 1 or len(edges) == len(counts) == 0)):
+            raise ValueError("truncation edges and counts must be lists, one more edge than counts (or none)")
         if not all(_real(e) and e > 0 for e in edges) or any(b <= a for a, b in pairwise(edges)):
             raise ValueError("truncation edges must be positive, finite and increasing")
         if not all(type(c) is int and abs(c) < 1 << 53 for c in counts):
@@ -234,8 +258,8 @@ class Truncation:
     @cached_property
     def values(self) -> np.ndarray:
         """``x_j``: the mean of the bin's excesses (value units; the bin holds the steps ``e_j .. e_{j+1} - step``)."""
-        e = np.asarray(self.edges)
-        return (e[:-1] + e[1:] - self.step) / 2.0
+        e = np.asarray(self.edges, dtype=np.float64)
+        return (e[:-1] + e[1:] - self.step) / 2.0 if e.size else np.zeros(0)
 
     @property
     def tau(self) -> float:

@@ -25,6 +25,7 @@ from operators.truncation import (
     Truncation,
     excess_counts,
     excess_edges,
+    histogram_measured,
     noisy_statistic,
     noisy_statistics,
     sum_noise,
@@ -67,9 +68,11 @@ def test_many_streams_draw_the_same_statistics_as_each_alone() -> None:
         tops_.append(64 - theta)
         keys.append(np.frombuffer(key(i), dtype=np.uint8))
     keys_arr = np.stack(keys)
-    many = noisy_statistics(stats_, keys_arr, 0.3, tops_)
-    for (c, s), t, k, got in zip(stats_, tops_, keys_arr, many, strict=True):
-        assert got == noisy_statistic(c, s, KeyedGenerator(k.tobytes()), 0.3, t)
+    for holdout in (500, 10):  # with the excess histogram, and too short for it (the sum alone)
+        many = noisy_statistics(stats_, keys_arr, 0.3, tops_, holdout)
+        for (c, s), t, k, got in zip(stats_, tops_, keys_arr, many, strict=True):
+            assert got == noisy_statistic(c, s, KeyedGenerator(k.tobytes()), 0.3, t, holdout)
+            assert len(got) == (8 * (1 + len(c)) if holdout == 500 else 8)
     assert len(KeyRows(keys_arr)) == 7
 
 
@@ -102,9 +105,9 @@ def test_the_excess_sum_is_unbiased_and_its_noise_is_as_stated() -> None:
     """Over 4,000 keys, the noisy excess sum's mean is the true sum within 4 standard errors and its spread is the
     stated variance within 10 % (the sample variance of 4,000 Laplace draws has a relative sd of about 3.5 %)."""
     counts, total = np.array([40, 7, 3], dtype=np.int64), 120
-    draws = np.array([np.frombuffer(noisy_statistic(counts, total, KeyedGenerator(key(i)), 0.5, 40), "<f8")[0]
-                      for i in range(4000)])
-    var = sum_noise(0.5, 40).variance
+    draws = np.array([np.frombuffer(noisy_statistic(counts, total, KeyedGenerator(key(i)), 0.5, 40, 1000),
+                                    "<f8")[0] for i in range(4000)])
+    var = sum_noise(0.5, 40, histogram_measured(0.5, 1000)).variance
     assert abs(draws.mean() - total) < 4 * math.sqrt(var / draws.size)
     assert draws.var() == pytest.approx(var, rel=0.1)
 

@@ -23,7 +23,7 @@ from operators.error_stats import budgets
 from operators.noise import Domain, KeyedGenerator
 from operators.spread import noisy_spread, truncated_moments
 from operators.threshold import candidate_grid, holdout_histogram
-from operators.truncation import excess_counts, noisy_statistic
+from operators.truncation import excess_counts, histogram_measured, noisy_statistic
 from tests.audit._audit import audit_key, discrete_laplace, eps_lower_bound, event_hits
 
 EPS_T = 5.0  # a large threshold budget: each statistic's share is then large enough for a broken one to show
@@ -52,7 +52,7 @@ def excess_sums(values: np.ndarray, label: str, n: int, *, broken: bool = False)
                                  sensitivity=(BOUND - THETA) / 4)[0]
             out[i] = total + z
         else:
-            out[i] = np.frombuffer(noisy_statistic(counts, total, gen, eps, BOUND - THETA), "<f8")[0]
+            out[i] = np.frombuffer(noisy_statistic(counts, total, gen, eps, BOUND - THETA, M), "<f8")[0]
     return out
 
 
@@ -78,6 +78,7 @@ def audit(s0: np.ndarray, s1: np.ndarray, centre: float, scale: float) -> float:
 
 
 def test_the_excess_sum_stays_within_its_share_of_the_threshold_budget() -> None:
+    assert histogram_measured(budgets(EPS_T)[1], M)  # the sum's share is then half the statistic's
     d0, d1 = holdouts()
     n = 6000
     s0, s1 = excess_sums(d0, "xs-0", n), excess_sums(d1, "xs-1", n)
