@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import DaemonProcess, Subscriber, daemon_config, free_port, publish, publish_file, wait_for
+from tests.conftest import (
+    DaemonProcess,
+    Subscriber,
+    daemon_config,
+    free_port,
+    publish,
+    publish_file,
+    release_lines,
+    wait_for,
+)
 from tests.test_daemon_e2e import check_against_replay
 from tests.test_local_device import NUMBER
 
@@ -135,7 +143,7 @@ def test_period_releases_made_while_disconnected_go_out_on_reconnect(mosquitto, 
         assert daemon.stop() == 0
     finally:
         daemon.kill()
-    out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    out = release_lines((tmp_path / "out.jsonl").read_text())
     ticks = [r["tick"] for r in out]
     assert ticks == list(range(len(ticks))) and len(ticks) >= 8  # every period released, empty ones too
     assert all(r["ts"] == pytest.approx(round(r["ts"] / 0.1) * 0.1) for r in out)  # period ends

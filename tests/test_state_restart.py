@@ -383,7 +383,8 @@ def test_holdout_survives_a_restart(mosquitto, tmp_path: Path) -> None:
             return [json.loads(p) for t, p in sub.lines if t == "dp/h/status"][-1]
 
         wait_for(lambda: len([1 for t, _ in sub.lines if t == "dp/h/status"]) >= 2, 10, what="status after restart")
-        assert status() == {"stream": "h", "phase": "holdout", "holdout_left": 20, "identity": find_identity(tmp_path)}
+        assert status() == {"stream": "h", "phase": "holdout", "holdout_left": 20, "identity": find_identity(tmp_path),
+                            "generation": 1}
         publish(mosquitto.port, "meters/h/reading", lines[30:])
         wait_for(lambda: len([p for p in sub.payloads() if "tick" in p]) >= 30, 15, what="releases")
         assert daemon.stop() == 0
@@ -622,7 +623,7 @@ def test_a_full_disk_pauses_intake_and_resumes_without_losing_a_reading(tmp_path
 
         def read() -> None:
             assert proc.stdout is not None
-            out.extend(json.loads(line) for line in proc.stdout)
+            out.extend(r for r in map(json.loads, proc.stdout) if "tick" in r)  # the releases, not the status line
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
