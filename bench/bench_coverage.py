@@ -23,7 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.coverage_check import CLASSES, Kind, released_run  # noqa: E402
+from tests.query._coverage import CLASSES, Kind, released_run  # noqa: E402
 
 CONFIGS = [  # (stream, B, holdout, what it shows)
     ("dns", 500.0, 65536, "DNS, B = 500"),

@@ -4,7 +4,7 @@
 
 Four hours of one simulated smart meter (one reading a minute, ``tops simulate``), released by ToPS at eps = 1 with
 a fixed public theta (no holdout) and r = 4096, b = 4: (a) the per-tick releases against the readings, (b) totals per
-hour from ``stream.commands.query`` with their 95 % noise bars against the true hourly totals.
+hour from ``stream.query`` with their 95 % noise bars against the true hourly totals.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from operators import ToPSConfig  # noqa: E402
-from stream.commands.query import Releases  # noqa: E402
+from stream.query import Releases  # noqa: E402
 from stream.commands.replay import replay  # noqa: E402
 from stream.commands.simulate import simulate_values  # noqa: E402
 from stream.core.sinks import central_params  # noqa: E402

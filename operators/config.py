@@ -208,7 +208,7 @@ _AS_DICT: dict[Any, dict[str, Any]] = {}  # ToPSConfig -> its dict (configuratio
 
 @dataclass(frozen=True, slots=True)
 class ToPSConfig:
-    """Parameters of one ToPS stream (seed 001, Algorithm 1 and Sections 3.3-3.6).
+    """Parameters of one ToPS stream (Wang et al., CCS 2021, Algorithm 1 and Sections 3.3-3.6).
 
     Parameters
     ----------

@@ -38,11 +38,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "compare-categorical": (
         "stream.commands.compare_categorical",
-        "frequency oracles and central histograms on the commuting stand-in (seed 004's experiments): CSV",
+        "frequency oracles and central histograms on the commuting stand-in (Finnegan's experiments): CSV",
     ),
     "compare-ranges": (
         "stream.commands.compare_ranges",
-        "range counting and count-of-counts as seeds 000 and 002 measure them (the thesis's flawed variants labelled)",
+        "range counting and count-of-counts as Friis and Kuo et al. measure them (the thesis's flawed ones labelled)",
     ),
     "cluster": (
         "stream.commands.cluster_cmd",

@@ -16,7 +16,7 @@ Presets (``--figure``; explicit options override them):
 Keys are derived from ``--seed`` and the repetition (``sha256``), so a run is reproducible; query positions come from
 numpy's generator seeded the same way (they are not privacy noise).
 
-Two reference rows (issue 12): ``tops-paper`` is ToPS with the paper's selection (Eq. 6 for theta, Eq. 7 for s), and
+Two reference rows: ``tops-paper`` is ToPS with the paper's selection (Eq. 6 for theta, Eq. 7 for s), and
 ``hindsight`` is ToPS at the best *fixed* (theta, s) found by a grid search on the truth (:mod:`operators.hindsight`):
 NOT private, a yardstick only. Besides the MSE of ranges of uniform length in [1, r] (the paper's Eq. 9), every row
 reports the MSE by range length class (1-60, 61-1,440, 1,441-43,200 ticks and longer: a minute, a day and a month of

@@ -1,7 +1,8 @@
 """The daemon configuration: one TOML file, every key declared once here (type, default, documentation).
 
 Every problem is reported on its own line naming ``[section] key`` and what is allowed; the daemon does not
-start while there is any (``tops run`` exits with code 2). The README ("Running the daemon") documents the same table.
+start while there is any (``tops run`` exits with code 2). docs/configuration.md documents the same table (generated
+from it).
 
 >>> cfg = build_config({"streams": {"template": {"epsilon": 0.5, "bound": 100}}})
 >>> cfg.template.epsilon, cfg.ticks.mode, cfg.input.source
@@ -75,7 +76,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "tls_insecure": Field("bool", False, "Skip the broker host name check (testing only)."),
         "reconnect_min": Field("float", 0.5, "First reconnect delay in seconds (doubles per failure).", low=0.01),
         "reconnect_max": Field("float", 30.0, "Cap of the reconnect delay in seconds (jitter: 50-100%).", low=0.01),
-        "timeout": Field("float", 10.0, "Seconds to wait for connect/subscribe answers.", low=0.1),
+        "timeout": Field("float", 10.0, "Seconds to wait for connect/subscribe answers, and for the broker to "
+                         "acknowledge one of the messages in flight (none for that long: the connection is made "
+                         "again and they are sent again).", low=0.1),
         "session": Field("choice", "persistent", "`persistent`: the broker keeps the subscriptions and queues QoS 1 "
                          "readings while the daemon is down (clean session off; needs a fixed `client_id`, "
                          "default `tops-<host name>`); `clean`: a new session at every connection.",
@@ -277,7 +280,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
 }
 
-# [streams.template]: the parameters of every new stream (operators.ToPSConfig); documented in the README.
+# [streams.template]: the parameters of every new stream (operators.ToPSConfig); documented in docs/configuration.md.
 TEMPLATE_DOCS: dict[str, str] = {
     "epsilon": "Privacy budget of the released ticks (event-level eps-DP). Required.",
     "bound": "Public upper bound B of a tick value; larger values are clamped. Required.",
