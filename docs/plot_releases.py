@@ -4,7 +4,7 @@
 
 Four hours of one simulated smart meter (one reading a minute, ``tops simulate``), released by ToPS at eps = 1 with
 a fixed public theta (no holdout) and r = 4096, b = 4: (a) the per-tick releases against the readings, (b) totals per
-hour from ``stream.commands.query`` with their 95 % noise bars against the true hourly totals.
+hour from ``stream.query`` with their 95 % noise bars against the true hourly totals.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from operators import ToPSConfig  # noqa: E402
-from stream.commands.query import Releases  # noqa: E402
+from stream.query import Releases  # noqa: E402
 from stream.commands.replay import replay  # noqa: E402
 from stream.commands.simulate import simulate_values  # noqa: E402
+from stream.core.sinks import central_params  # noqa: E402
 
 
 def main() -> None:
@@ -33,11 +34,10 @@ def main() -> None:
     x = simulate_values(n, seed=3)
     cfg = ToPSConfig(epsilon=1.0, bound=5000, theta=300, query_range=4096, fanout=4)
     rel, op = replay(x, cfg, bytes(range(32)))
-    r = Releases({"holdout": 0, "query_range": 4096, "fanout": 4})
-    t0 = 1_767_225_600
-    for i, v in enumerate(rel):
-        r._add({"stream": "m", "tick": i, "ts": t0 + 60 * i, "value": float(v), "epsilon": 1.0, "theta": op.theta})
-    hours = r.windows("m", seconds=3600)
+    status = {"stream": "m", "phase": "releasing", "theta": op.theta,
+              "params": central_params(cfg, op.theta_units, op.smoother_layers, None)}  # what the daemon states
+    r = Releases.from_arrays("m", np.arange(n), rel, status)
+    hours = r.per(60)
     truth = np.minimum(x, op.theta).reshape(24, 60).sum(axis=1)
 
     fig, (a, b) = plt.subplots(2, 1, figsize=(8, 5.6))
@@ -51,8 +51,9 @@ def main() -> None:
     a.set_title("(a) per tick: flat predictions, a jump on each leaf's last tick; alone, meaningless", fontsize=9)
     a.legend(fontsize=8, loc="upper left")
     h = np.arange(24)
-    b.errorbar(h, [w.total for w in hours], yerr=[w.half_width for w in hours], fmt="o", color="tab:red", ms=3,
-               capsize=2, label="tops query --per hour (95% noise bar)")
+    b.vlines(h, [w.low for w in hours], [w.high for w in hours], color="tab:red", lw=3, alpha=0.35,
+             label="tops query --per 60: 95% interval (the readings clamped to theta)")
+    b.plot(h, [w.total for w in hours], "o", color="tab:red", ms=3, label="released hourly total")
     b.plot(h, truth, "k_", ms=10, label="true hourly total (truncated at theta)")
     b.set_xlabel("hour of the day")
     b.set_ylabel("Wh per hour")

@@ -37,10 +37,11 @@ import numpy as np
 
 from operators.columnar import RowStore, RowView, checked_batch
 from operators.config import ToPSConfig
+from operators.error_stats import measure_rows
 from operators.noise import KeyedGenerator, KeyRows
 from operators.selection import BlockStats, choose_small_cells, choose_small_dense, chooses_small
 from operators.threshold import candidate_grid
-from operators.tops import ToPS, _choice_parameters, _pending_array
+from operators.tops import ToPS, _choice_parameters, _pending_array, choice_epsilon
 
 __all__ = ["MIN_HOLDOUT_LEFT", "ColumnarHoldout", "HoldoutRow", "ShortHoldout", "born_in_rows", "ends_in_rows",
            "holdout_eligible", "holdout_store"]
@@ -97,7 +98,7 @@ def _ends_in_rows(config: ToPSConfig) -> bool:
         return False
     compact = config.holdout_grid == "compact"
     return chooses_small(candidate_grid(config.span, config.resolution, compact), holdout=config.holdout,
-                         threshold_epsilon=config.threshold_epsilon or config.epsilon)
+                         threshold_epsilon=choice_epsilon(config))
 
 
 def holdout_store(config: ToPSConfig, capacity: int = 1024) -> ColumnarHoldout | ShortHoldout:
@@ -280,6 +281,17 @@ class ColumnarHoldout(RowStore):
         return choose_small_dense(self.hist[rows], self.pairs[rows], KeyRows(self.key[rows]), self.candidates,
                                   **_choice_parameters(self.config))
 
+    def error_stats(self, rows: np.ndarray, thetas: list[int]) -> list[bytes]:
+        """The error statistics of each of ``rows`` (which end in rows) at its chosen theta: what its own operator
+        measures when it starts (:meth:`operators.tops.ToPS.measure_error_stats`), the same values."""
+        rows = np.asarray(rows, dtype=np.int64)
+        cfg = self.config
+        # each row's readings at their cells' values (the histogram's extra cell is empty: readings are at most B)
+        at = np.append(self.candidates, self.candidates[-1]).astype(np.int64)
+        values = np.stack([np.repeat(at, c) for c in self.hist[rows].astype(np.int64)])
+        return measure_rows(values, self.key[rows], thetas=thetas, bound_units=self.bound_units,
+                            threshold_epsilon=cfg.threshold_epsilon or cfg.epsilon)
+
     def operator(self, r: int) -> ToPS:
         """A ToPS object holding row ``r``'s state: the histogram, block statistics and counters the stream's own
         operator would hold after the same readings (its histogram sparse or dense as that operator's would be)."""
@@ -448,6 +460,14 @@ class ShortHoldout(RowStore):
         np.cumsum(np.bincount(owner[starts], minlength=n), out=offsets[1:])
         return choose_small_cells(flat[starts], np.diff(np.append(starts, flat.size)), offsets, self.m,
                                   KeyRows(self.key[rows]), self.candidates, **_choice_parameters(self.config))
+
+    def error_stats(self, rows: np.ndarray, thetas: list[int]) -> list[bytes]:
+        """:meth:`ColumnarHoldout.error_stats` for short rows (their cells counted)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        cfg = self.config
+        cells = np.minimum(self.cell[rows, : self.m].astype(np.int64), len(self.candidates) - 1)
+        return measure_rows(np.asarray(self.candidates, dtype=np.int64)[cells], self.key[rows], thetas=thetas,
+                            bound_units=self.bound_units, threshold_epsilon=cfg.threshold_epsilon or cfg.epsilon)
 
     def operator(self, r: int) -> ToPS:
         """A ToPS object holding row ``r``'s state, as its own operator holds it after the same readings."""

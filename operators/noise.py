@@ -92,6 +92,7 @@ class Domain(enum.IntEnum):
     BASELINE = 4  # baselines and audits
     CATEGORICAL = 5  # categorical streams (operators/categorical): low 16 bits carry the purpose
     RANGES = 6  # range counting and count-of-counts (operators/ranges, operators/countofcounts): low bits the level
+    TRUNCATION = 7  # the holdout's excess above theta (operators/truncation.py)
 
 
 def new_key() -> bytes:

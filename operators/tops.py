@@ -9,9 +9,13 @@
 4. Each leaf (``b^s`` ticks) releases its true sum plus its consistent noise (Appendix C), spread over its ticks
    by the smoother (Appendix D), one release per tick, final when made.
 
-Privacy (event level, one tick is one event): the holdout ticks feed only the eps-DP threshold choice and the
-released ticks only the eps-DP hierarchy; they are disjoint, so the stream is eps-DP by parallel composition, and
-consistency and smoothing are post-processing.
+5. When the holdout ends, what truncation at the chosen theta takes and how short sums vary are measured on it, with
+   noise (:mod:`operators.error_stats`), for the error bars of the releases.
+
+Privacy (event level, one tick is one event): the holdout ticks feed only the threshold choice and those
+statistics, eps_T-DP together (sequential composition of their shares of eps_T), and the released ticks only the
+eps-DP hierarchy; they are disjoint, so the stream is max(eps, eps_T)-DP by parallel composition, and consistency
+and smoothing are post-processing.
 
 >>> import numpy as np
 >>> cfg = ToPSConfig(epsilon=1.0, bound=10, holdout=100, query_range=256, fanout=4)
@@ -33,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from operators.config import ToPSConfig
+from operators.error_stats import budgets, measure
 from operators.hierarchy import ConsistentNoise
 from operators.noise import Domain, KeyedGenerator, shared_laplace
 from operators.permute_and_flip import keyed_permute_and_flip
@@ -72,7 +77,7 @@ class ToPS:
 
     # no instance dict: a daemon holds one of these per stream in its holdout
     __slots__ = ("_blocks", "_bound_units", "_candidates", "_gen", "_hist", "_noise", "_pending", "_smoother",
-                 "clamped", "config", "smoother_layers", "start_units", "theta_units", "ticks")
+                 "clamped", "config", "error_stats", "smoother_layers", "start_units", "theta_units", "ticks")
 
     def __init__(self, config: ToPSConfig, key: bytes, *, start: float | None = None) -> None:
         self.config = config
@@ -90,6 +95,7 @@ class ToPS:
         # holdout readings (units) not yet in the block statistics (at most 64), 2-8 bytes each (not 32-byte ints)
         self._pending = _pending_array(self._bound_units)
         self.start_units: float | None = None
+        self.error_stats: bytes | None = None  # the holdout's statistics for error bars (operators/error_stats.py)
         if config.theta is not None:  # a public theta; ``start`` (value units, public) replaces the prior theta/2
             units = None if start is None else (start - config.lower) / config.resolution
             self._start_release(max(1, round((config.theta - config.lower) / config.resolution)), start=units)
@@ -170,14 +176,27 @@ class ToPS:
         return choose(hist, self._candidates, self._blocks, gen=self._gen, **_choice_parameters(self.config))
 
     def start(self, sel: Selection) -> None:
-        """Start releasing with the choice ``sel`` made at the end of this holdout (:func:`choose_ends`)."""
+        """Start releasing with the choice ``sel`` made at the end of this holdout (:func:`choose_ends`), after the
+        holdout's statistics for error bars are measured (:meth:`measure_error_stats`)."""
+        self.error_stats = self.measure_error_stats(sel)
         self._start_release(sel.theta_units, sel.smoother_layers, start=sel.start_units)
+
+    def measure_error_stats(self, sel: Selection) -> bytes:
+        """What truncation at the chosen theta takes and how short sums vary, with their noise
+        (:mod:`operators.error_stats`, at their shares of the threshold budget); the holdout must still be held."""
+        cfg = self.config
+        if self._blocks is not None:
+            self._flush()
+        return measure(self._dense_hist(), self._candidates, theta_units=sel.theta_units,
+                       bound_units=self._bound_units, blocks=self._blocks,
+                       leaf_ticks=cfg.fanout ** release_layers(cfg, sel.smoother_layers), gen=self._gen,
+                       threshold_epsilon=cfg.threshold_epsilon or cfg.epsilon)
 
     def _choose_threshold(self) -> int:
         """Eq. 6's theta (``selection = "paper"``): permute-and-flip over the candidates (monotone, sensitivity 1),
         its draws at address 0."""
         cfg = self.config
-        thr_eps = cfg.threshold_epsilon or cfg.epsilon
+        thr_eps = budgets(cfg.threshold_epsilon or cfg.epsilon)[0]
         cands = self._candidates
         params = {"m": cfg.holdout, "epsilon": cfg.epsilon, "query_range": cfg.query_range, "fanout": cfg.fanout}
         thetas = cands * cfg.resolution
@@ -435,6 +454,7 @@ class ToPS:
         op._blocks = None
         op._pending = _pending_array(op._bound_units)
         op.start_units = None
+        op.error_stats = None
         if snapshot["theta_units"] is None:
             op._candidates = candidate_grid(config.span, config.resolution, config.holdout_grid == "compact")
             saved = snapshot["holdout_histogram"]
@@ -477,9 +497,15 @@ def release_layers(cfg: ToPSConfig, s: int | None) -> int:
 
 
 def _choice_parameters(cfg: ToPSConfig) -> dict[str, Any]:
-    """The public parameters of the calibrated choice (``operators.selection.choose``) for a configuration."""
-    return {"epsilon": cfg.epsilon, "threshold_epsilon": cfg.threshold_epsilon or cfg.epsilon, "holdout": cfg.holdout,
+    """The public parameters of the calibrated choice (``operators.selection.choose``) for a configuration: the
+    threshold budget less the error statistics' shares (:func:`operators.error_stats.budgets`)."""
+    return {"epsilon": cfg.epsilon, "threshold_epsilon": choice_epsilon(cfg), "holdout": cfg.holdout,
             "query_range": cfg.query_range, "fanout": cfg.fanout, "fixed_s": cfg.smoother_layers}
+
+
+def choice_epsilon(cfg: ToPSConfig) -> float:
+    """The budget of the choice of theta, s and the start: ``eps_T`` less the error statistics' shares."""
+    return budgets(cfg.threshold_epsilon or cfg.epsilon)[0]
 
 
 def end_holdouts(ops: list[ToPS]) -> None:

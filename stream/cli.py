@@ -23,8 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "evaluate": ("stream.commands.evaluate", "range-query MSE/MAE of releases against the truth (Eq. 9)"),
     "query": (
-        "stream.commands.query",
-        "range sums and totals per hour/day of releases (a file or live MQTT), with error bars",
+        "stream.query.command",
+        "range sums and totals per hour/day of releases (a file or live MQTT), with an interval for the true sum",
     ),
     "simulate": ("stream.commands.simulate", "a synthetic smart-meter feed for demos and tests"),
     "state": (

@@ -82,7 +82,7 @@ def _plot(path: str, truth: np.ndarray, releases: np.ndarray, intervals: int) ->
 def _read_releases(path: str, length: int, stream: str | None) -> np.ndarray:
     """A .npy of releases, or the daemon's JSONL placed at its ticks (NaN where no release)."""
     if Path(path).suffix.lower() in (".jsonl", ".ndjson", ".json"):
-        from stream.commands.query import QueryError, Releases
+        from stream.query import QueryError, Releases
 
         try:
             return Releases.from_file(path).as_array(length, stream)

@@ -65,6 +65,9 @@ class StreamRecord:
     seen_window: int = -1  # the idle window of ``last_seen`` (Router.seen), when eviction runs
     lent: Any = None  # a checkpoint's writer may still read this holdout operator: ``(lent, i)``, whose
     # ``lent.detach(i)`` comes before changing it (stream/state/records.py)
+    generation: int = 1  # the key's generation (stream/core/keys.py; a new generation restarts the ticks)
+    error_stats: bytes | None = None  # the holdout's statistics for error bars (operators/error_stats.py)
+    described: bool = False  # its status line went to stdout in this run (stream/core/sinks.py)
 
     def status(self) -> dict[str, Any]:
         """The retained status message of this stream (with the identity that ``tops replay --identity`` takes)."""
@@ -88,6 +91,7 @@ class StreamRecord:
             st = {"stream": self.name, "phase": "releasing", "theta": float(op.theta)}
         if self.identity:
             st["identity"] = self.identity
+            st["generation"] = self.generation
         return st
 
 
@@ -527,6 +531,7 @@ class Router:
             rec.phase = op.phase
             rec.status_due = False
             self.in_holdout -= 1
+            rec.error_stats = getattr(op, "error_stats", None)  # measured as its holdout ended
             self.status_now.append((rec, rec.phase))
             self._adopt(rec)
         elif rec.phase == "holdout":
@@ -675,9 +680,11 @@ class Router:
             try:
                 if pool is not None and rows_hold(op.config):
                     # straight into its row: the row its started operator would make (operators/columnar.py)
+                    rec.error_stats = op.measure_error_stats(sel)
                     rec.operator = RowOperator(pool, pool.add_chosen(op, sel))
                 else:
                     op.start(sel)
+                    rec.error_stats = op.error_stats
             except Exception as exc:  # an operator bug must not stop the other streams
                 self.fail(rec, f"operator failed ({type(exc).__name__}) at the end of its holdout")
                 continue
@@ -722,6 +729,7 @@ class Router:
                 if chosen is not None:
                     assert pool is not None
                     thetas, s, starts = chosen
+                    measured = store.error_stats(rows, thetas)
                     made = pool.add_started(store.config, store.key[rows], thetas, s, starts, store.ticks[rows],
                                             store.clamped[rows])
             except Exception as exc:  # a bug: the streams of this pass fail, no other
@@ -736,8 +744,9 @@ class Router:
                     back.append((rec, op))
                 continue
             store.release_many(rows)
-            for rec, r in zip(group, made, strict=True):
+            for rec, r, stats in zip(group, made, measured, strict=True):
                 rec.operator = RowOperator(pool, r)  # type: ignore[arg-type]
+                rec.error_stats = stats
                 self._started(rec)
         return back
 

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 from collections import deque
 from collections.abc import Iterable
 from typing import IO, Any
 
 from operators.columnar import RowOperator
-from operators.tops import ToPS
+from operators.config import ToPSConfig
+from operators.error_stats import status as error_stats_status
+from operators.selection import BUDGET_SPLIT, _dlap_noise
+from operators.topl_server import LocalServer
+from operators.tops import ToPS, choice_epsilon
 from stream.core.router import ReleaseBatch, StreamRecord
 
-__all__ = ["PublishQueue", "StdoutSink", "encode_all", "encode_releases", "encode_status"]
+__all__ = ["PublishQueue", "StdoutSink", "encode_all", "encode_releases", "encode_status", "release_params",
+           "status_line"]
 
 
 def encode_releases(batch: ReleaseBatch, epsilon: float, reprs: dict[float, str] | None = None) -> list[str]:
@@ -96,27 +102,84 @@ def encode_all(batches: list[ReleaseBatch], epsilon: float) -> list[str]:
 def encode_status(rec: StreamRecord) -> bytes:
     """The retained status payload of a stream.
 
-    A releasing ToPS stream also carries ``params``: the public parameters that, with the ``epsilon`` and ``theta``
-    of every release, fix the noise of its releases (``tops query`` computes error bars from them; no secret, no
-    data: theta is itself a DP output and already in every release).
+    A releasing numeric stream also carries ``params`` (:func:`release_params`): everything a consumer needs to read
+    its releases (``tops query`` computes error bars from them). No secret and no data: theta, the smoother's start
+    and the statistics for error bars are DP outputs of the holdout.
     """
     status = rec.status()
-    op = rec.operator
-    if status.get("phase") == "releasing" and isinstance(op, ToPS | RowOperator) and op.smoother_layers is not None:
-        cfg = op.config
-        status["params"] = {
-            "method": "tops",
-            "epsilon": cfg.epsilon,
-            "holdout": cfg.holdout_ticks,
-            "query_range": cfg.query_range,
-            "fanout": cfg.fanout,
-            "smoother_layers": op.smoother_layers,
-            "smoother": cfg.smoother,
-            "alpha": cfg.alpha,
-            "window": cfg.window,
-            "resolution": cfg.resolution,
-        }
+    if status.get("phase") == "releasing":
+        params = release_params(rec)
+        if params is not None:
+            status["params"] = params
     return json.dumps(status, separators=(",", ":")).encode()
+
+
+def status_line(rec: StreamRecord) -> str | None:
+    """The status a file of releases carries before a releasing numeric stream's first release in it (the JSONL
+    that ``tops run`` writes to stdout has no retained message to read first); None for other streams."""
+    if rec.phase != "releasing" or release_params(rec) is None:
+        return None
+    return encode_status(rec).decode()
+
+
+def release_params(rec: StreamRecord) -> dict[str, Any] | None:
+    """The public parameters of a releasing numeric stream (central ToPS or local ToPL), None for other streams."""
+    op = rec.operator
+    if isinstance(op, ToPS | RowOperator) and op.smoother_layers is not None:
+        return central_params(op.config, op.theta_units, op.smoother_layers, rec.error_stats)
+    if isinstance(op, LocalServer) and op.theta is not None:
+        return local_params(op.config)
+    return None
+
+
+def central_params(cfg: ToPSConfig, theta_units: int, s: int, error_stats: bytes | None) -> dict[str, Any]:
+    """What a ToPS stream's releases mean: mode and mechanism, the per-reading guarantee ``epsilon`` (the hierarchy's;
+    the holdout's ``threshold_epsilon`` is at most it), the hierarchy (holdout, r, b, s, smoother), the value grid,
+    the smoother start's noise, and the holdout's statistics for error bars (``operators.error_stats``: the
+    ``truncation`` statistic, or a ``truncation_note`` saying why there is none, and the ``spread``)."""
+    thr = cfg.threshold_epsilon or cfg.epsilon
+    p: dict[str, Any] = {
+        "mode": "central", "mechanism": "tops", "epsilon": cfg.epsilon, "threshold_epsilon": thr,
+        "holdout": cfg.holdout_ticks, "query_range": cfg.query_range, "fanout": cfg.fanout, "smoother_layers": s,
+        "smoother": cfg.smoother, "alpha": cfg.alpha, "window": cfg.window, "resolution": cfg.resolution,
+        "lower": cfg.lower, "bound": cfg.bound,
+        "selection": "public" if cfg.theta is not None else cfg.selection,
+        "start_sd": start_sd(cfg, theta_units),
+    }
+    bound_units = math.floor(cfg.span / cfg.resolution + 1e-9)
+    trunc = spread = None
+    if error_stats is not None:
+        trunc, spread = error_stats_status(error_stats, theta_units=theta_units, bound_units=bound_units,
+                                           resolution=cfg.resolution, threshold_epsilon=thr,
+                                           holdout=cfg.holdout_ticks)
+    p["truncation"] = trunc
+    if theta_units >= bound_units:
+        p["truncation_note"] = "theta is the bound: nothing is truncated"
+    elif trunc is None and cfg.theta is not None:
+        p["truncation_note"] = "theta is public: nothing measured the readings above it"
+    elif trunc is None and error_stats is not None:
+        p["truncation_note"] = "not measured: (B - theta) / resolution is beyond the exact sampler's range"
+    elif trunc is None:
+        p["truncation_note"] = "not measured: the holdout ended before its statistic existed"
+    p["spread"] = spread
+    return p
+
+
+def start_sd(cfg: ToPSConfig, theta_units: int) -> float:
+    """The standard deviation (value units, per tick) of the smoother's start: the calibrated choice's noisy holdout
+    mean (operators.selection, step 6: ``DLap(theta / eps_s) / m``); 0 for the public prior ``theta / 2``."""
+    if cfg.theta is not None or cfg.selection != "calibrated":
+        return 0.0
+    noise = _dlap_noise(BUDGET_SPLIT["start"] * choice_epsilon(cfg), theta_units)
+    return 0.0 if noise is None else math.sqrt(noise.variance) * cfg.resolution / cfg.holdout_ticks
+
+
+def local_params(cfg: Any) -> dict[str, Any]:
+    """What a ToPL stream's releases mean: each is the sum of a tick's unbiased Hybrid reports of the reading
+    truncated at theta (no hierarchy, no smoother)."""
+    return {"mode": "local", "mechanism": "topl-hybrid", "epsilon": cfg.epsilon,
+            "threshold_epsilon": cfg.threshold_budget, "holdout": cfg.holdout_ticks, "bound": cfg.bound,
+            "resolution": cfg.resolution, "query_range": cfg.query_range}
 
 
 class PublishQueue:

@@ -119,6 +119,7 @@ class Durability:
         self.checkpoint_every = int(st.checkpoint_every)
         self.fold_after = int(st.fold_after)
         self.new_generation = set(st.new_generation)
+        self.generations: dict[str, int] = {}  # the generation of a stream being created, for its record
         self.params = stream_params(cfg)
         self.master: bytes | None = None
         self.held: list[list[ReleaseBatch]] = []  # releases waiting for the sync of their readings
@@ -382,6 +383,7 @@ class Durability:
         """The operator of ``name``: admitted by the ledger, keyed by its generation, restored when stored."""
         # the ledger entry of a new stream is written by the next checkpoint (Store.admit, defer)
         adm = self.store.admit(name, self.params, new_generation=name in self.new_generation, defer=True)
+        self.generations[name] = adm.generation  # for its record's status (Durability.record)
         keyed = self.master is not None and not self.daemon.local
         key: bytes | None = None
         if keyed:
@@ -419,6 +421,7 @@ class Durability:
 
     def record(self, name: str, now: float | None = None) -> StreamRecord:
         rec = self._record(name, now)
+        rec.generation = self.generations.pop(name, rec.generation)
         state = self.restored.pop(name, None)
         if state is not None:
             apply_state(rec, state)

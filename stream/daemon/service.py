@@ -45,7 +45,7 @@ from stream.core.keys import KeyFileError, derive_stream_key, load_master_key, n
 from stream.core.metrics import MESSAGE_RESULTS, Metrics
 from stream.core.payload import check_stream_name, decode_line, decode_payload_columns, decode_reports
 from stream.core.router import ReleaseBatch, Router, StreamRecord
-from stream.core.sinks import PublishQueue, StdoutSink, encode_all, encode_releases, encode_status
+from stream.core.sinks import PublishQueue, StdoutSink, encode_all, encode_releases, encode_status, status_line
 from stream.core.ticking import PeriodClock
 from stream.daemon.durability import Durability
 from stream.daemon.heap import Heap
@@ -736,7 +736,8 @@ class Daemon:
                     for line in lines:
                         pubq.put(topic, line.encode(), retain, 1)
         if stdout is not None and batches:
-            self.stdout_written += stdout.write(out)
+            heads = self.describe(batches)
+            self.stdout_written += stdout.write(heads + out if heads else out) - len(heads)
             stdout.flush()
         status = self.router.status_now
         if status:
@@ -748,6 +749,21 @@ class Daemon:
                 for rec, _ in status:
                     self.publish_status(rec)
             status.clear()
+
+    @staticmethod
+    def describe(batches: list[ReleaseBatch]) -> list[str]:
+        """The status lines that go to stdout before the releases of ``batches``: one for each releasing numeric
+        stream whose first release in this run's output is among them (``stream.core.sinks.status_line``), so that
+        a file of releases says what they mean without a retained message."""
+        lines = []
+        for b in batches:
+            rec = b.record
+            if not rec.described:
+                rec.described = True
+                line = status_line(rec)
+                if line is not None:
+                    lines.append(line)
+        return lines
 
     def publish_status(self, rec: StreamRecord) -> None:
         rec.status_due = False

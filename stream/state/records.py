@@ -27,14 +27,23 @@ STATE_VERSION = 1
 
 
 def record_state(rec: StreamRecord) -> dict[str, Any]:
-    """What a stream record needs to continue exactly (no key, no raw reading; the holdout histogram while in it)."""
-    return {
+    """What a stream record needs to continue exactly (no key, no raw reading; the holdout histogram while in it;
+    the noisy statistics for its error bars once its holdout ended)."""
+    state = {
         "version": STATE_VERSION,
         "operator": _stored_snapshot(rec.operator),
         "last_seq": rec.last_seq,
         "ticks": rec.ticks,
         "bins": _bins_state(rec.bins),
     }
+    if rec.error_stats is not None:
+        state["error_stats"] = _error_stats_state(rec.error_stats)
+    return state
+
+
+def _error_stats_state(noisy: bytes) -> list[float]:
+    """The noisy statistics for error bars (operators/error_stats.py) as stored: their numbers, a list."""
+    return np.frombuffer(noisy, dtype="<f8").tolist()
 
 
 def _bins_state(bins: Any) -> dict[str, Any] | None:
@@ -87,7 +96,7 @@ class Lent:
 
 _ROW_STATE = ('{"version":%d,"operator":{"version":1,"ticks":%d,"clamped":%d,"theta_units":%d,"smoother_layers":%d,'
               '"walk":{"tree":%d,"leaf":%d},"smoother":{"pred":%r,"pos":%d,"leaf_sum":%d,"total":%r,"count":1,'
-              '"history":[]}},"last_seq":%s,"ticks":%d,"bins":null}')
+              '"history":[]}},"last_seq":%s,"ticks":%d,"bins":null%s}')
 
 
 class RowStates:
@@ -96,10 +105,12 @@ class RowStates:
     itself costs about a microsecond a stream. ``text(i)``: the ``i``-th stream's state, the very text
     ``json.dumps(record_state(rec), separators=(",", ":"))`` writes."""
 
-    __slots__ = ("cols", "lock", "seqs", "texts", "ticks")
+    __slots__ = ("cols", "error_stats", "lock", "seqs", "texts", "ticks")
 
-    def __init__(self, cols: dict[str, np.ndarray], seqs: list[int | None], ticks: list[int]) -> None:
+    def __init__(self, cols: dict[str, np.ndarray], seqs: list[int | None], ticks: list[int],
+                 error_stats: list[bytes | None] | None = None) -> None:
         self.cols, self.seqs, self.ticks = cols, seqs, ticks
+        self.error_stats = error_stats if error_stats is not None else [None] * len(ticks)
         self.texts: list[str] | None = None
         self.lock = threading.Lock()
 
@@ -117,10 +128,12 @@ class RowStates:
         fields = zip(c["ticks"].tolist(), c["clamped"].tolist(), c["theta_units"].tolist(),
                      c["smoother_layers"].tolist(), c["tree"].tolist(), c["leaf"].tolist(), c["pred"].tolist(),
                      c["pos"].tolist(), c["leaf_sum"].tolist(), c["total"].tolist(), self.seqs, self.ticks,
-                     strict=True)
+                     self.error_stats, strict=True)
         return [_ROW_STATE % (STATE_VERSION, ticks, clamped, theta, s, tree, leaf, pred, pos, leaf_sum, total,
-                              "null" if seq is None else json.dumps(seq), rticks)
-                for ticks, clamped, theta, s, tree, leaf, pred, pos, leaf_sum, total, seq, rticks in fields]
+                              "null" if seq is None else json.dumps(seq), rticks,
+                              "" if stats is None else ',"error_stats":' + json.dumps(_error_stats_state(stats),
+                                                                                       separators=(",", ":")))
+                for ticks, clamped, theta, s, tree, leaf, pred, pos, leaf_sum, total, seq, rticks, stats in fields]
 
 
 def record_states(recs: list[StreamRecord]) -> dict[str, Any]:
@@ -162,7 +175,8 @@ def record_states(recs: list[StreamRecord]) -> dict[str, Any]:
             keep = np.flatnonzero(ok)
             group = [group[i] for i in keep.tolist()]
             col = {k: v[keep] for k, v in col.items()}
-        text = RowStates(col, [r.last_seq for r in group], [r.ticks for r in group]).text
+        text = RowStates(col, [r.last_seq for r in group], [r.ticks for r in group],
+                         [r.error_stats for r in group]).text
         out.update(zip([r.name for r in group], map(partial, repeat(text), range(len(group))), strict=True))
     return out
 
@@ -213,6 +227,10 @@ def apply_state(rec: StreamRecord, state: dict[str, Any]) -> None:
     """Put the non-operator fields of a stored state back into a freshly created record."""
     rec.last_seq = state.get("last_seq")
     rec.ticks = int(state.get("ticks", rec.ticks))
+    stats = state.get("error_stats")
+    if isinstance(stats, list) and len(stats) <= 8192 and all(type(c) in (int, float) and abs(c) < 2.0**62
+                                                               for c in stats):
+        rec.error_stats = np.asarray(stats, dtype="<f8").tobytes()
     b = state.get("bins")
     if b is not None and isinstance(rec.bins, CategoryBins):
         rec.bins = CategoryBins(int(b["first"]))

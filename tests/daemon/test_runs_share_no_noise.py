@@ -9,7 +9,6 @@ runs share no noise; a restart on the same store keeps its identity and reproduc
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 
 from stream.core.config import DAEMON_METHODS
-from tests.support import ROOT, identity_from_log, write_toml
+from tests.support import ROOT, identity_from_log, release_lines, write_toml
 
 # Fresh noise, measured over 435 pairs of runs: the 63 ticks before the first leaf ends release the public prior, the
 # same in any run (7% of the 900 released ticks), and independent runs coincide on another tick only when their
@@ -43,7 +42,7 @@ def _run_cli(args: list[str], values: np.ndarray) -> tuple[dict[int, float], str
     r = subprocess.run([sys.executable, "-m", "stream.cli", "run", *args], input=data, cwd=ROOT,
                        capture_output=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr.decode()[-2000:]
-    rel = {d["tick"]: d["value"] for d in map(json.loads, r.stdout.splitlines())}
+    rel = {d["tick"]: d["value"] for d in release_lines(r.stdout)}
     return rel, r.stderr.decode()
 
 

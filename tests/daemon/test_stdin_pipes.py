@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support import ROOT, free_port, identity_from_log, scrape, wait_for, write_toml
+from tests.support import ROOT, free_port, identity_from_log, release_lines, scrape, wait_for, write_toml
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ def test_simulate_pipe_releases_equal_replay(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "stream.cli", "run", *PARAMS, "--key-file", str(key)],
                          input=sim, cwd=ROOT, capture_output=True, check=True, timeout=60)
     assert b"no --config" in run.stderr and b"holdout=100" in run.stderr
-    releases = [json.loads(x) for x in run.stdout.splitlines()]
+    releases = release_lines(run.stdout)
     readings: dict[str, list[float]] = {}
     for line in sim.splitlines():
         r = json.loads(line)
@@ -69,7 +69,7 @@ def test_sigterm_releases_open_periods_and_exits_0(tmp_path: Path) -> None:
     finally:
         proc.kill()
     assert proc.returncode == 0, err.decode()
-    rel = [json.loads(x) for x in out.splitlines()]
+    rel = release_lines(out)
     assert sorted(r["stream"] for r in rel) == ["m0", "m1", "m2"]
     assert all(r["tick"] == 0 and r["theta"] == 50.0 for r in rel)
     assert b"SIGTERM received" in err

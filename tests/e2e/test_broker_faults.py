@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import time
@@ -21,6 +20,7 @@ from tests.support import (
     free_port,
     publish,
     publish_file,
+    release_lines,
     wait_for,
 )
 
@@ -146,7 +146,7 @@ def test_period_releases_made_while_disconnected_go_out_on_reconnect(mosquitto, 
         assert daemon.stop() == 0
     finally:
         daemon.kill()
-    out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    out = release_lines((tmp_path / "out.jsonl").read_text())
     ticks = [r["tick"] for r in out]
     assert ticks == list(range(len(ticks))) and len(ticks) >= 8  # every period released, empty ones too
     assert all(r["ts"] == pytest.approx(round(r["ts"] / 0.1) * 0.1) for r in out)  # period ends

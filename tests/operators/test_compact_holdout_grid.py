@@ -143,7 +143,7 @@ def test_the_daemon_and_replay_run_the_compact_grid_alike(tmp_path) -> None:
     import sys
     import time
 
-    from tests.support import ROOT, identity_from_log
+    from tests.support import ROOT, identity_from_log, release_lines
 
     params = ["--epsilon", "1", "--holdout", "1000", "--range", "256", "--fanout", "4", "--bound", "5000"]
     rng = np.random.default_rng(13)
@@ -166,7 +166,7 @@ def test_the_daemon_and_replay_run_the_compact_grid_alike(tmp_path) -> None:
             time.sleep(0.005)
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 0
-        releases = [json.loads(x) for x in stdout.splitlines()]
+        releases = release_lines(stdout)
         identity = identity_from_log((b"".join(head) + stderr).decode())
         for name, vals in values.items():
             src = tmp_path / f"{name}.npy"

@@ -240,12 +240,11 @@ def test_the_daemon_ends_many_holdouts_in_a_step_as_replay_does(tmp_path, grid: 
     """`tops run` on stdin with 300 streams of holdout 3 fed all at once (hundreds of holdouts end in each processing
     step, with readings after the end in the same step): every stream releases what `tops replay` releases from its
     readings with the same key (one stream checked by the command itself, all of them by the operator it runs)."""
-    import json
     import subprocess
     import sys
 
     from stream.core.keys import derive_stream_key, load_master_key
-    from tests.support import ROOT, identity_from_log
+    from tests.support import ROOT, identity_from_log, release_lines
 
     params = ["--epsilon", "1", "--holdout", "3", "--range", "256", "--fanout", "4", "--bound", "5000"]
     rng = np.random.default_rng(31)
@@ -258,8 +257,7 @@ def test_the_daemon_ends_many_holdouts_in_a_step_as_replay_does(tmp_path, grid: 
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     identity = identity_from_log(proc.stderr.decode())
     got: dict[str, dict[int, float]] = {n: {} for n in names}
-    for line in proc.stdout.splitlines():
-        r = json.loads(line)
+    for r in release_lines(proc.stdout):
         got[r["stream"]][r["tick"]] = r["value"]
     cfg = ToPSConfig(epsilon=1.0, holdout=3, query_range=256, fanout=4, bound=5000.0, holdout_grid=grid)
     master = load_master_key(key)

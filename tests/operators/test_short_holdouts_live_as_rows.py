@@ -313,11 +313,10 @@ def test_streams_born_as_rows_restart_and_release_what_each_releases_alone(tmp_p
     (in their holdout, or releasing), restored at their next reading after a restart (the first one teaches the
     restart the operators' kind: the row made for that is given back), new streams among them, holdouts ending in
     rows in every run: each stream releases what its own operator releases from its readings with its key."""
-    import json
 
     from operators.columnar import born_releasing
     from stream.core.keys import derive_stream_key, load_master_key
-    from tests.support import identity_from_log, tops, write_toml
+    from tests.support import identity_from_log, release_lines, tops, write_toml
 
     template: dict[str, object] = {"epsilon": 1.0, "bound": 5000.0, "query_range": 256, "fanout": 4}
     template.update({"holdout": 3, "holdout_grid": "compact"} if born == "holdout-row" else {"theta": 2500.0})
@@ -340,8 +339,7 @@ def test_streams_born_as_rows_restart_and_release_what_each_releases_alone(tmp_p
         err = r.stderr.decode()
         assert r.returncode == 0 and "Traceback" not in err, err[-2000:]
         identities.add(identity_from_log(err))
-        for line in r.stdout.decode().splitlines():
-            rel = json.loads(line)
+        for rel in release_lines(r.stdout):
             assert rel["tick"] not in got[rel["stream"]]  # never released twice
             got[rel["stream"]][rel["tick"]] = rel["value"]
     assert len(identities) == 1  # the store's

@@ -6,7 +6,6 @@ finite reading must make its tick, whatever its value.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +15,14 @@ import pytest
 
 from operators import ToPS, ToPSConfig
 from operators.config import ConfigError
-from tests.support import ROOT
+from tests.support import ROOT, release_lines
 
 
 def _run(args: list[str], lines: list[str]) -> list[dict]:
     r = subprocess.run([sys.executable, "-m", "stream.cli", "run", *args], input="".join(x + "\n" for x in lines),
                        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
     assert r.returncode == 0, r.stderr
-    return [json.loads(x) for x in r.stdout.splitlines()]
+    return release_lines(r.stdout)
 
 
 def test_negative_readings_make_their_ticks(tmp_path: Path) -> None:
@@ -80,7 +79,7 @@ def test_daemon_lower_and_replay_agree(tmp_path: Path) -> None:
                        input="".join(f"m,{v}\n" for v in x), capture_output=True, text=True, timeout=60, cwd=ROOT,
                        check=False)
     assert r.returncode == 0, r.stderr
-    got = {d["tick"]: d["value"] for d in map(json.loads, r.stdout.splitlines())}
+    got = {d["tick"]: d["value"] for d in release_lines(r.stdout)}
     assert len(got) == 500
     np.save(tmp_path / "x.npy", x)
     rep = subprocess.run([sys.executable, "-m", "stream.cli", "replay", str(tmp_path / "x.npy"), *args,

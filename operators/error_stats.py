@@ -1,0 +1,111 @@
+"""The holdout's statistics for error bars: what truncation takes (:mod:`operators.truncation`) and how short sums
+vary (:mod:`operators.spread`), measured when a ToPS stream's holdout ends and kept with the stream.
+
+Both are DP outputs of the holdout, paid from the threshold budget ``eps_T`` (:func:`budgets`): the choice of theta,
+s and the smoother's start runs on ``(1 - TRUNCATION_SHARE - SPREAD_SHARE) eps_T``, the truncation statistic on
+``TRUNCATION_SHARE eps_T`` and the spread on ``SPREAD_SHARE eps_T``, so the holdout's outputs together are
+``eps_T``-DP by sequential composition (and the released ticks, disjoint from the holdout, compose in parallel).
+
+A stream keeps them as one small byte string (float64 numbers: ``[n, the spread's n numbers, excess sum,
+counts...]``), about 300 bytes; :func:`status` states them in value units.
+
+>>> from operators.noise import KeyedGenerator
+>>> hist = np.zeros(11, dtype=np.int64); hist[[2, 9]] = [90, 10]         # values 3 and 10 (candidates 1..10)
+>>> blob = measure(hist, np.arange(1, 11), theta_units=5, bound_units=10, blocks=None, leaf_ticks=1,
+...                gen=KeyedGenerator(bytes(32)), threshold_epsilon=1.0)
+>>> trunc, spread = status(blob, theta_units=5, bound_units=10, resolution=1.0, threshold_epsilon=1.0, holdout=100)
+>>> trunc["edges"], trunc["counts"], sorted(spread)[:3]       # 100 readings: too few for the excess histogram
+([], [], ['abs_variance', 'holdout', 'mean_abs'])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from operators.noise import KeyedGenerator
+from operators.spread import SPREAD_SHARE, noisy_spread, noisy_spread_rows, spread_status, truncated_moments
+from operators.truncation import (
+    TRUNCATION_SHARE,
+    excess_counts,
+    excess_edges,
+    noisy_statistic,
+    noisy_statistics,
+    truncation_status,
+)
+
+__all__ = ["budgets", "measure", "measure_rows", "status"]
+
+
+def budgets(threshold_epsilon: float) -> tuple[float, float, float]:
+    """``(eps_choice, eps_truncation, eps_spread)``: the threshold budget's three parts; they add up to it."""
+    eps_t = TRUNCATION_SHARE * threshold_epsilon
+    eps_s = SPREAD_SHARE * threshold_epsilon
+    return threshold_epsilon - eps_t - eps_s, eps_t, eps_s
+
+
+def measure(hist: np.ndarray, candidates: np.ndarray, *, theta_units: int, bound_units: int, blocks: Any,
+            leaf_ticks: int, gen: KeyedGenerator, threshold_epsilon: float) -> bytes:
+    """Both statistics of one holdout (its histogram over the candidates, its block statistics or None) at the
+    chosen theta and leaf width, as the stream keeps them."""
+    _, eps_t, eps_s = budgets(threshold_epsilon)
+    counts, total = excess_counts(hist, candidates, theta_units=theta_units, bound_units=bound_units)
+    trunc = noisy_statistic(counts, total, gen, eps_t, bound_units - theta_units, int(np.sum(hist)))
+    spread = noisy_spread(truncated_moments(hist, candidates, theta_units), blocks, theta_units=theta_units,
+                          leaf_ticks=leaf_ticks, gen=gen, epsilon=eps_s)
+    return _pack(spread, trunc)
+
+
+def measure_rows(values: np.ndarray, keys: np.ndarray, *, thetas: list[int], bound_units: int,
+                 threshold_epsilon: float) -> list[bytes]:
+    """:func:`measure` for many short holdouts (the rows of a columnar holdout that end in rows: row ``i`` of
+    ``values`` holds stream ``i``'s readings in units, each at its cell's value; ``keys[i]`` its key; ``thetas[i]``
+    its theta; no block width fits such a holdout): the same values, each draw made for all streams at once (a call
+    per bin and statistic, not per stream)."""
+    _, eps_t, eps_s = budgets(threshold_epsilon)
+    values = np.asarray(values, dtype=np.int64)
+    thetas_arr = np.asarray(thetas, dtype=np.int64)
+    stats: list[tuple[np.ndarray, int]] = [(np.zeros(0, np.int64), 0)] * len(thetas_arr)
+    for theta in np.unique(thetas_arr).tolist():  # the exact counts of the streams of each theta, in numpy
+        idx = np.flatnonzero(thetas_arr == theta)
+        for i, c in zip(idx.tolist(), _excess_rows(values[idx], theta, bound_units - theta), strict=True):
+            stats[i] = c
+    truncs = noisy_statistics(stats, keys, eps_t, (bound_units - thetas_arr).tolist(), values.shape[1])
+    t = np.minimum(values, thetas_arr[:, None])
+    spreads = noisy_spread_rows(t.sum(axis=1), (t * t).sum(axis=1), keys, theta_units=thetas_arr.tolist(),
+                                epsilon=eps_s)
+    return [_pack(sp, tr) for sp, tr in zip(spreads, truncs, strict=True)]
+
+
+def _excess_rows(v: np.ndarray, theta: int, top: int) -> list[tuple[np.ndarray, int]]:
+    """:func:`operators.truncation.excess_counts` of streams of one theta (row ``k`` of ``v``: a stream's readings
+    in units)."""
+    edges = excess_edges(top)
+    n = len(v)
+    if edges.size < 2:
+        return [(np.zeros(0, np.int64), 0)] * n
+    excess = np.minimum(v - theta, top)
+    totals = np.where(excess > 0, excess, 0).sum(axis=1).tolist()
+    counts = np.zeros((n, edges.size - 1), dtype=np.int64)
+    r, c = np.nonzero(excess >= 1)
+    np.add.at(counts, (r, np.searchsorted(edges, excess[r, c], side="right") - 1), 1)
+    return list(zip(counts, totals, strict=True))
+
+
+def _pack(spread: list[float] | None, trunc: bytes) -> bytes:
+    head = [0.0] if spread is None else [float(len(spread)), *spread]
+    return np.asarray(head, dtype="<f8").tobytes() + trunc
+
+
+def status(blob: bytes, *, theta_units: int, bound_units: int, resolution: float, threshold_epsilon: float,
+           holdout: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """``(truncation, spread)`` as a stream's status states them (value units; None where not measured)."""
+    values = np.frombuffer(blob, dtype="<f8")
+    n = int(values[0]) if values.size else 0
+    spread = [float(v) for v in values[1:1 + n]] if n else None
+    rest = values[1 + n:].astype("<f8").tobytes()
+    _, eps_t, _ = budgets(threshold_epsilon)
+    trunc = truncation_status(rest, theta_units=theta_units, bound_units=bound_units, resolution=resolution,
+                              epsilon=eps_t, holdout=holdout)
+    return trunc, spread_status(spread, resolution=resolution, holdout=holdout)  # type: ignore[arg-type]
