@@ -397,6 +397,9 @@ class ColumnarRelease(RowStore):
             again = heavy[2 * self.avail[heavy] <= self.ahead]
             stalled = rows[i]
             self._refill(again if stalled in again else np.append(again, stalled))
+            if not self.avail[stalled]:  # never: the kernel fills every row it is given
+                msg = "a refill drew no noise for its row"
+                raise RuntimeError(msg)
         return out
 
     def _release(self, rows: np.ndarray, values: np.ndarray, start: int, out: np.ndarray) -> int:
