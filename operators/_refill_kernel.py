@@ -90,6 +90,64 @@ def chacha_block(kw, counter, n0, n1, n2, out, at):  # pragma: no cover - compil
     out[at + 7] = ((x14 + u1) & _M) | (((x15 + u2) & _M) << s32)
 
 
+_LANES = 16  # blocks computed side by side (the compiler turns the loops over lanes into vector instructions)
+_RUN = 64  # samples a run draws at a time (a multiple of the lanes)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _quarter_lanes(x, a, b, c, d):
+    """:func:`_quarter` on every lane of ``x`` (16 words x lanes, uint32: a sum or shift wraps as it is stored)."""
+    for lane in range(_LANES):
+        x[a, lane] = x[a, lane] + x[b, lane]
+        t = x[d, lane] ^ x[a, lane]
+        x[d, lane] = (t << np.uint32(16)) | (t >> np.uint32(16))
+        x[c, lane] = x[c, lane] + x[d, lane]
+        t = x[b, lane] ^ x[c, lane]
+        x[b, lane] = (t << np.uint32(12)) | (t >> np.uint32(20))
+        x[a, lane] = x[a, lane] + x[b, lane]
+        t = x[d, lane] ^ x[a, lane]
+        x[d, lane] = (t << np.uint32(8)) | (t >> np.uint32(24))
+        x[c, lane] = x[c, lane] + x[d, lane]
+        t = x[b, lane] ^ x[c, lane]
+        x[b, lane] = (t << np.uint32(7)) | (t >> np.uint32(25))
+
+
+@numba.njit(cache=True, nogil=True)
+def chacha_blocks(kw, counter, n0, n1, n2, count, out, x, init):  # pragma: no cover - compiled
+    """Blocks ``counter .. counter + count - 1`` of the keystream of (``kw``, ``n0 n1 n2``), block ``k`` as the 8 words
+    of :func:`chacha_block` at ``out[9 k : 9 k + 8]`` and a zero word at ``out[9 k + 8]`` (the layout the sampler
+    reads, one zero word after each sample's bits as ``operators.noise._Bits`` pads them), 16 blocks side by side.
+    ``x`` (16 x 16) and ``init`` (16) are uint32 scratch."""
+    init[0], init[1], init[2], init[3] = 0x61707865, 0x3320646E, 0x79622D32, 0x6B206574
+    for i in range(8):
+        init[4 + i] = np.uint32(kw[i] & _M)
+    init[13], init[14], init[15] = np.uint32(n0 & 0xFFFFFFFF), np.uint32(n1 & 0xFFFFFFFF), np.uint32(n2 & 0xFFFFFFFF)
+    s32 = np.uint64(32)
+    for g in range(0, count, _LANES):
+        for i in range(16):
+            for lane in range(_LANES):
+                x[i, lane] = init[i]
+        for lane in range(_LANES):
+            x[12, lane] = np.uint32((counter + g + lane) & 0xFFFFFFFF)
+        for _ in range(10):
+            _quarter_lanes(x, 0, 4, 8, 12)
+            _quarter_lanes(x, 1, 5, 9, 13)
+            _quarter_lanes(x, 2, 6, 10, 14)
+            _quarter_lanes(x, 3, 7, 11, 15)
+            _quarter_lanes(x, 0, 5, 10, 15)
+            _quarter_lanes(x, 1, 6, 11, 12)
+            _quarter_lanes(x, 2, 7, 8, 13)
+            _quarter_lanes(x, 3, 4, 9, 14)
+        for lane in range(min(_LANES, count - g)):
+            at = 9 * (g + lane)
+            c12 = np.uint32((counter + g + lane) & 0xFFFFFFFF)
+            for i in range(8):
+                lo = np.uint32(x[2 * i, lane] + (c12 if 2 * i == 12 else init[2 * i]))
+                hi = np.uint32(x[2 * i + 1, lane] + init[2 * i + 1])
+                out[at + i] = np.uint64(lo) | (np.uint64(hi) << s32)
+            out[at + 8] = 0
+
+
 @numba.njit(cache=True, nogil=True)
 def _derived_key(kw, n0, n1, n2):  # pragma: no cover - compiled
     """The first 32 bytes of block 0 of the keystream of (``kw``, ``n0 n1 n2``), as 8 key words: how
@@ -145,39 +203,72 @@ def node_noise(kw, layer, tree, index, m, s, q, r, buf, res, ovf):  # pragma: no
 
 
 @numba.njit(cache=True, nogil=True)
-def children_sum(kw, tree, j, i, b, pw, weights, m, s, q, r, acc, cnt, leaves, buf, res, ovf):  # pragma: no cover
+def node_noise_run(kw, layer, tree, first, count, m, s, q, r, vals, ws):  # pragma: no cover - compiled
+    """:func:`node_noise` of nodes ``first .. first + count - 1`` of ``layer`` (``count`` at most ``_RUN``) into
+    ``vals[:count]``: their blocks made side by side, then the sampler over all of them: the status."""
+    words, ovf, x, init = ws[3], ws[4], ws[5], ws[6]
+    domain = _HIERARCHY | layer
+    chacha_blocks(kw, first, domain, tree & 0xFFFFFFFF, tree >> 32, count, words, x, init)
+    for k in range(count):
+        ovf[k] = False
+    if not sample(words, 8, m, s, q, r, vals[:count], ovf[:count]):
+        return BEYOND_INT64
+    for k in range(count):
+        if ovf[k]:
+            v, st = _overflowed(kw, domain, tree, first + k, words[9 * k : 9 * k + 8].copy(), m, s, q, r)
+            if st != OK:
+                return st
+            vals[k] = v
+    return OK
+
+
+@numba.njit(cache=True, nogil=True)
+def scratch(fanout):  # pragma: no cover - compiled
+    """The work arrays of a refill: one sample's block, its value and overflow mark (:func:`node_noise`), a run's
+    blocks, marks, lanes and values (:func:`node_noise_run`), and ``fanout`` leaves' ``z``."""
+    return (np.empty(9, dtype=np.uint64), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.bool_),
+            np.zeros(9 * _RUN, dtype=np.uint64), np.zeros(_RUN, dtype=np.bool_), np.empty((16, _LANES), np.uint32),
+            np.empty(16, np.uint32), np.empty(_RUN, dtype=np.int64), np.empty(fanout, dtype=np.float64))
+
+
+@numba.njit(cache=True, nogil=True)
+def children_sum(kw, tree, j, i, b, pw, weights, m, s, q, r, acc, cnt, ws):  # pragma: no cover - compiled
     """``S(x)`` of node ``i`` of layer ``j >= 1``: the sum, left to right, of its ``b`` children's ``z``, from its
-    whole subtree (leaves left to right; a node's ``z = a N + (1 - a) S`` as soon as its last child is in). When
-    ``j == 1`` the ``b`` leaves' ``z`` are left in ``leaves``. ``(sum, status)``; ``acc`` and ``cnt`` are scratch of
-    at least ``j + 1`` entries, ``pw[k] = b^k``."""
+    whole subtree (leaves left to right, drawn in runs; a node's ``z = a N + (1 - a) S`` as soon as its last child is
+    in). When ``j == 1`` the ``b`` leaves' ``z`` are left in the scratch's leaves. ``(sum, status)``; ``acc`` and
+    ``cnt`` are scratch of at least ``j + 1`` entries, ``pw[k] = b^k``, ``ws`` the :func:`scratch`."""
+    buf, res, ovf, vals, leaves = ws[0], ws[1], ws[2], ws[7], ws[8]
     for k in range(j + 1):
         cnt[k] = 0
     lo = i * pw[j]
-    for x in range(lo, lo + pw[j]):
-        v, st = node_noise(kw, 0, tree, x, m, s, q, r, buf, res, ovf)
+    for c0 in range(0, pw[j], _RUN):
+        count = min(_RUN, pw[j] - c0)
+        st = node_noise_run(kw, 0, tree, lo + c0, count, m, s, q, r, vals, ws)
         if st != OK:
             return 0.0, st
-        z = np.float64(v)
-        if j == 1:
-            leaves[x - lo] = z
-        k = 1
-        while True:
-            if cnt[k] == 0:
-                acc[k] = z
-            else:
-                acc[k] = acc[k] + z
-            cnt[k] += 1
-            if cnt[k] < b:
-                break
-            cnt[k] = 0
-            if k == j:
-                return acc[k], OK
-            v, st = node_noise(kw, k, tree, x // pw[k], m, s, q, r, buf, res, ovf)
-            if st != OK:
-                return 0.0, st
-            a = weights[k]
-            z = a * np.float64(v) + (1.0 - a) * acc[k]
-            k += 1
+        for e in range(count):
+            x = lo + c0 + e
+            z = np.float64(vals[e])
+            if j == 1:
+                leaves[x - lo] = z
+            k = 1
+            while True:
+                if cnt[k] == 0:
+                    acc[k] = z
+                else:
+                    acc[k] = acc[k] + z
+                cnt[k] += 1
+                if cnt[k] < b:
+                    break
+                cnt[k] = 0
+                if k == j:
+                    return acc[k], OK
+                v, st = node_noise(kw, k, tree, x // pw[k], m, s, q, r, buf, res, ovf)
+                if st != OK:
+                    return 0.0, st
+                a = weights[k]
+                z = a * np.float64(v) + (1.0 - a) * acc[k]
+                k += 1
     return acc[j], OK  # not reached: the last leaf completes node i
 
 
@@ -193,16 +284,14 @@ def refill_rows(due, key, drawn, head, avail, noise, shift, known, shape, fanout
     that row is as it was, its shifts forgotten, and the rows after it untouched."""
     ahead = noise.shape[1]
     kw = np.empty(8, dtype=np.uint64)
-    buf = np.empty(9, dtype=np.uint64)
-    res = np.zeros(1, dtype=np.int64)
-    ovf = np.zeros(1, dtype=np.bool_)
     depth = 2
     for t in range(due.size):
         depth = max(depth, layers[shape[t]] + 1)
     pw = np.empty(depth, dtype=np.int64)
     acc = np.empty(depth, dtype=np.float64)
     cnt = np.zeros(depth, dtype=np.int64)
-    leaves = np.empty(int(fanout.max()) if fanout.size else 1, dtype=np.float64)
+    ws = scratch(int(fanout.max()) if fanout.size else 1)
+    buf, res, ovf, vals, leaves = ws[0], ws[1], ws[2], ws[7], ws[8]
     for t in range(due.size):
         row = due[t]
         sh = shape[t]
@@ -224,7 +313,7 @@ def refill_rows(due, key, drawn, head, avail, noise, shift, known, shape, fanout
             head[row] = 0
         g = drawn[row]
         walk_known = known[row] != 0
-        leaves_of = -1  # the layer-1 node whose leaves' z are in ``leaves`` (entered in this call)
+        leaves_of = -1  # the layer-1 node whose leaves' z are in the scratch (from slot on)
         for slot in range(have, ahead):
             tree, leaf = g // per_tree, g % per_tree
             if L == 1:  # the leaves are the top nodes: c = z = N
@@ -243,8 +332,7 @@ def refill_rows(due, key, drawn, head, avail, noise, shift, known, shape, fanout
                             break
                 for j in range(top, 0, -1):
                     i = leaf // pw[j]
-                    ssum, st = children_sum(kw, tree, j, i, b, pw, w, dm, ds, dq, dr, acc, cnt, leaves, buf, res,
-                                            ovf)
+                    ssum, st = children_sum(kw, tree, j, i, b, pw, w, dm, ds, dq, dr, acc, cnt, ws)
                     if st != OK:
                         known[row] = 0
                         return t
@@ -259,15 +347,19 @@ def refill_rows(due, key, drawn, head, avail, noise, shift, known, shape, fanout
                     if j == 1:
                         leaves_of = g // b
                 walk_known = True
-                if leaves_of == g // b:
-                    zl = leaves[leaf % b]
-                else:
-                    v, st = node_noise(kw, 0, tree, leaf, dm, ds, dq, dr, buf, res, ovf)
-                    if st != OK:
-                        known[row] = 0
-                        return t
-                    zl = np.float64(v)
-                c = zl + shift[row, 0]
+                if leaves_of != g // b:  # a layer-1 node entered before this call: draw the leaves wanted of it
+                    first = leaf % b
+                    want = min(b - first, ahead - slot)
+                    for c0 in range(0, want, _RUN):
+                        count = min(_RUN, want - c0)
+                        st = node_noise_run(kw, 0, tree, leaf + c0, count, dm, ds, dq, dr, vals, ws)
+                        if st != OK:
+                            known[row] = 0
+                            return t
+                        for e in range(count):
+                            leaves[first + c0 + e] = np.float64(vals[e])
+                    leaves_of = g // b
+                c = leaves[leaf % b] + shift[row, 0]
             noise[row, slot] = np.rint(c * _GRID) / _GRID
             g += 1
         drawn[row] = g

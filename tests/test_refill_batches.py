@@ -13,7 +13,7 @@ import pytest
 from operators import noise
 from operators._chacha_kernel import keystream
 from operators._dlap_kernel import sample
-from operators._refill_kernel import node_noise
+from operators._refill_kernel import chacha_blocks, node_noise, node_noise_run, scratch
 from operators.columnar import ColumnarRelease, RowOperator
 from operators.config import ToPSConfig
 from operators.noise import DiscreteLaplace, Domain, KeyedGenerator
@@ -196,9 +196,32 @@ def test_a_nodes_noise_is_the_generators_draw_even_past_its_512_bits(theta: int)
     got = [node_noise(kw, layer, tree, i, dl.log2_t, dl.s, dl.q, dl.r, buf, res, ovf) for i in range(n)]
     assert all(status == 0 for _, status in got)
     assert np.array_equal(want, [v for v, _ in got])
+    ws, runs = scratch(4), []
+    for first in range(0, n, 64):  # runs of 64 side by side, then the short ones a node's leaves make
+        count = min(64, n - first) if first % 128 == 0 else 1 + first % 37
+        assert node_noise_run(kw, layer, tree, first, count, dl.log2_t, dl.s, dl.q, dl.r, ws[7], ws) == 0
+        runs.append((first, ws[7][:count].copy()))
+    assert all(np.array_equal(vals, want[first : first + vals.size]) for first, vals in runs)
     words = keystream(kw, 0, (int(Domain.HIERARCHY) << 16) | layer, tree & 0xFFFFFFFF, tree >> 32, n)
     padded = np.zeros((n, 9), dtype=np.uint64)
     padded[:, :8] = words.reshape(n, 8)
     out, ran_out = np.zeros(n, np.int64), np.zeros(n, np.bool_)
     sample(padded.reshape(-1), 8, dl.log2_t, dl.s, dl.q, dl.r, out, ran_out)
     assert ran_out.any()  # the overflow path was taken, and agreed
+
+
+def test_blocks_made_side_by_side_are_the_keystreams_blocks() -> None:
+    """Any count (not only multiples of the 16 lanes), any counter up to the 32-bit counter's end, any nonce: the
+    words of the compiled keystream (itself tested against OpenSSL), each block followed by one zero word."""
+    rng = np.random.default_rng(16)
+    x, init = np.empty((16, 16), np.uint32), np.empty(16, np.uint32)
+    for trial in range(300):
+        kw = np.frombuffer(rng.bytes(32), dtype="<u4").astype(np.uint64)
+        count = int(rng.integers(1, 65))
+        counter = [0, (1 << 32) - count, int(rng.integers(0, (1 << 32) - count))][trial % 3]
+        n0, n1, n2 = (int(v) for v in rng.integers(0, 1 << 32, 3))
+        out = np.full(9 * 64, 7, dtype=np.uint64)
+        chacha_blocks(kw, counter, n0, n1, n2, count, out, x, init)
+        want = keystream(kw, counter, n0, n1, n2, count).reshape(count, 8)
+        got = out[: 9 * count].reshape(count, 9)
+        assert np.array_equal(got[:, :8], want) and not got[:, 8].any(), trial
