@@ -5,11 +5,14 @@ a handful of numbers: theta, the leaf width ``w = b^s``, the open leaf's positio
 prediction, the position of the noise walk, and the consistent noise of the next leaves. :class:`ColumnarRelease`
 keeps those as arrays (no Python object per stream), a stream is a row, and
 :func:`operators._columnar_kernel.release_batch` runs a batch of ``(row, value)`` pairs of many streams in one
-compiled loop. The noise stays what ToPS draws: when a row has used its noise drawn ahead, a
-:class:`~operators.hierarchy.ConsistentNoise` walk is rebuilt from the row's key at the row's position (the current
-tree's top regenerated from the key, never redrawn, as a restore does) and produces the consistent noise of the
-next ``ahead`` leaves. Every release is bit-identical to :meth:`operators.tops.ToPS.process` on the same stream
-(tested on interleaved streams across refills and tree roll-overs).
+compiled loop. The noise stays what ToPS draws: when rows have used their noise drawn ahead, every row of the batch
+that runs out is refilled in one compiled call (:func:`operators._refill_kernel.refill_rows`), which regenerates from
+each row's key, at the row's position, what its :class:`~operators.hierarchy.ConsistentNoise` walk would compute
+(never redrawn: the same keyed draws, as a restore does) and produces the consistent noise of its next leaves, up to
+``ahead``. Between refills a row keeps, for each layer above the leaves, one number of its walk (the ``shift``
+column), so a refill regenerates only the nodes that start in it. Every release is bit-identical to
+:meth:`operators.tops.ToPS.process` on the same stream (tested on interleaved streams across refills, tree roll-overs
+and restarts, for every tree shape rows hold).
 
 :meth:`ColumnarRelease.snapshot` gives a row's state as ToPS's own snapshot (the same dict, so checkpoints and
 ``tops replay`` are unchanged) and :meth:`ColumnarRelease.operator` a ToPS object continuing it.
