@@ -173,17 +173,19 @@ class TreeShapes:
     """The trees rows release with, as arrays the refill kernel reads (a few: one for each configuration and smoother
     layers in use): ``fanout`` b, ``layers`` L = h - s, ``top_nodes`` R = r / b^(h-1), and ``weights[i, k]`` the
     weight ``a_(k+1)`` of Hay et al.'s bottom-up pass at layer ``k`` (:func:`operators.hierarchy.layer_weight`, the
-    numbers the walk uses)."""
+    numbers the walk uses); ``epsilon`` the streams' budget (each layer's noise is at ``epsilon / L``)."""
 
     def __init__(self) -> None:
         self.fanout = np.zeros(0, dtype=np.int64)
         self.layers = np.zeros(0, dtype=np.int64)
         self.top_nodes = np.zeros(0, dtype=np.int64)
         self.weights = np.zeros((0, 1), dtype=np.float64)
+        self.epsilon: list[float] = []
 
-    def add(self, fanout: int, layers: int, top_nodes: int) -> int:
+    def add(self, fanout: int, layers: int, top_nodes: int, epsilon: float) -> int:
         """A tree's index (the arrays made again: a new tree is rare)."""
         n = self.fanout.size
+        self.epsilon.append(epsilon)
         self.fanout = np.append(self.fanout, fanout)
         self.layers = np.append(self.layers, layers)
         self.top_nodes = np.append(self.top_nodes, top_nodes)
@@ -416,28 +418,29 @@ class ColumnarRelease(RowStore):
     def _refill(self, due: np.ndarray) -> None:
         """Fill the noise drawn ahead of rows ``due`` (distinct rows in use) to ``ahead`` leaves, in one compiled call
         (:func:`operators._refill_kernel.refill_rows`): each row's next leaves are what its stream's own walk
-        produces. The tree's shape and the discrete Laplace of each row are looked up once for each (configuration,
-        smoother layers, theta) among them."""
+        produces. The tree of each row is looked up once for each (configuration, smoother layers) among them, its
+        discrete Laplace once for each (tree, theta)."""
         from operators._refill_kernel import refill_rows
 
         if not due.size:
             return
         due = np.ascontiguousarray(due, dtype=np.int64)
-        kinds, which = np.unique((self.config[due].astype(np.int64) << 48)
-                                 | (self.layers_kept[due].astype(np.int64) << 40) | self.theta[due],
-                                 return_inverse=True)
-        shape_of = np.empty(kinds.size, dtype=np.int64)
+        # the tree of each row: one per (configuration, smoother layers) among them
+        pairs, pair_of = np.unique(self.config[due].astype(np.int64) * 64 + self.layers_kept[due],
+                                   return_inverse=True)
+        shape_ids = np.array([self._shape(p >> 6, p & 63) for p in pairs.tolist()], dtype=np.int64)
+        shape_of = shape_ids[pair_of.reshape(-1)]
+        # the discrete Laplace of each row: one per (tree, theta) among them (theta units are below 2^37)
+        kinds, which = np.unique((shape_of << 37) | self.theta[due], return_inverse=True)
+        table = self._shape_table
         laplace = np.empty((kinds.size, 4), dtype=np.int64)
         for k, kind in enumerate(kinds.tolist()):
-            ci, s, theta = kind >> 48, (kind >> 40) & 0xFF, kind & ((1 << 40) - 1)
-            cfg = self.configs[ci]
-            shape_of[k] = self._shape(ci, s)
-            dl = shared_laplace(cfg.epsilon / (cfg.height - s), theta)
+            tree = kind >> 37
+            dl = shared_laplace(table.epsilon[tree] / int(table.layers[tree]), kind & ((1 << 37) - 1))
             laplace[k] = (dl.log2_t, dl.s, dl.q, dl.r)
-        per_row = laplace[which]
-        table = self._shape_table
+        per_row = laplace[which.reshape(-1)]
         failed = refill_rows(due, self.key, self.drawn, self.head, self.avail, self.noise, self.shift,
-                             self.walk_known, shape_of[which], table.fanout, table.layers, table.top_nodes,
+                             self.walk_known, shape_of, table.fanout, table.layers, table.top_nodes,
                              table.weights, per_row[:, 0], per_row[:, 1], per_row[:, 2], per_row[:, 3])
         if failed >= 0:
             msg = "discrete Laplace sample beyond the int64 range"
@@ -450,7 +453,7 @@ class ColumnarRelease(RowStore):
         if at is None:
             cfg = self.configs[ci]
             at = self._shapes[(ci, s)] = self._shape_table.add(
-                cfg.fanout, cfg.height - s, cfg.query_range // cfg.fanout ** (cfg.height - 1))
+                cfg.fanout, cfg.height - s, cfg.query_range // cfg.fanout ** (cfg.height - 1), cfg.epsilon)
         return at
 
     def snapshot(self, r: int) -> dict[str, Any]:
