@@ -20,7 +20,8 @@ shift, rounded to the release grid (multiples of 2^-10). Every number is the sam
 operands as the walk's numpy arithmetic, in the same order, so the noise is the walk's bit for bit. A row whose
 shifts are not known (new, restored, made from an operator) enters every ancestor of its next leaf from the top.
 Only the top node over the next leaf is regenerated, not the whole tree: each top node's ``z`` depends on its own
-subtree only.
+subtree only. Consecutive nodes of a layer (a subtree's leaves) are drawn in runs: 16 ChaCha20 blocks computed side by
+side, then the sampler over the run.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ import numba
 import numpy as np
 
 from operators._dlap_kernel import sample
+from operators.noise import Domain
 
 _M = np.uint64(0xFFFFFFFF)
 _GRID = 1024.0
-_HIERARCHY = 1 << 16  # operators.noise.Domain.HIERARCHY in the domain's high 16 bits; the layer in the low ones
+_HIERARCHY = int(Domain.HIERARCHY) << 16  # the domain of a node's noise, the layer in its low 16 bits
 _OVERFLOW_DOMAIN = 0xFFFFFFFF
 OK, BEYOND_INT64 = 0, 2
 
