@@ -9,7 +9,10 @@ leaves of 16 ticks) made a row of :class:`operators.columnar.ColumnarRelease`. T
 streams (a random interleaving), in batches of 100,000 as a daemon step would hand them over. Prints the time of the
 batches (the refills of drawn-ahead noise included, and how many), readings per second (wall time, and per second of
 this process's CPU time: on a shared machine the wall time varies with the load), and a check that a sample of
-streams released exactly what ToPS releases. Not a test: nothing here asserts.
+streams released exactly what ToPS releases. Then ``--refill-rows`` rows of the daemon's default tree (r = 2^20,
+b = 16, s = 2: leaves of 256 ticks, 3 layers), each with its own theta, have their noise drawn ahead in one call,
+three times: the first (a tree's start: each row regenerates its top node's subtree) and the next two (16 leaves
+each). Not a test: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=100_000)
     p.add_argument("--query-range", type=int, default=1 << 12)
     p.add_argument("--smoother-layers", type=int, default=1)
+    p.add_argument("--refill-rows", type=int, default=100_000)
     args = p.parse_args()
     cfg = ToPSConfig(epsilon=1.0, bound=5000.0, theta=100.0, query_range=args.query_range, fanout=16,
                      smoother_layers=args.smoother_layers)
@@ -79,7 +83,27 @@ def main() -> int:
     ok = sum(bool(np.array_equal(out[rows == r], ToPS(cfg, keys[r]).process(values[rows == r])[: (rows == r).sum()]))
              for r in sample)
     print(f"bit-identical to ToPS on {ok} of {len(sample)} sampled streams")
+    refills(args.refill_rows, rng)
     return 0
+
+
+def refills(n: int, rng: np.random.Generator) -> None:
+    """The noise drawn ahead of ``n`` rows of the daemon's default tree, in one call, three times."""
+    if n < 1:
+        return
+    cfg = ToPSConfig(epsilon=1.0, bound=5000.0, holdout=3)
+    cols = ColumnarRelease(capacity=n, ahead=16)
+    theta = rng.integers(1, 5001, n)
+    cols.add_started(cfg, rng.integers(0, 256, (n, 32), dtype=np.uint8), theta.tolist(), 2, (theta / 2).tolist(),
+                     np.full(n, 3), np.zeros(n, dtype=np.int64))
+    rows = np.arange(n)
+    for what in ("a tree's start", "the next 16 leaves", "the next 16 leaves"):
+        cols.avail[rows] = 0  # every leaf drawn ahead used
+        t0, c0 = time.perf_counter(), time.process_time()
+        cols._refill(rows)  # what ColumnarRelease.process calls for the rows that run out in a batch
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        print(f"{n:,} rows of the default tree (r = 2^20, b = 16, s = 2), {np.unique(theta).size:,} thetas, refilled "
+              f"in one call ({what}): {seconds:.2f} s, CPU {cpu:.2f} s, {cpu / n * 1e6:.1f} us a row")
 
 
 if __name__ == "__main__":
