@@ -275,15 +275,91 @@ def children_sum(kw, tree, j, i, b, pw, weights, m, s, q, r, acc, cnt, ws):  # p
 
 
 @numba.njit(cache=True, nogil=True)
+def enter_node(kw, tree, j, i, top, b, pw, weights, shift, m, s, q, r, acc, cnt, ws):  # pragma: no cover - compiled
+    """Enter node ``i`` of layer ``j >= 1`` (the first leaf under it comes next): ``S`` from its subtree,
+    ``z = a_j N + (1 - a_j) S``, ``c = z`` for a node of the top layer ``top`` else ``z`` plus its parent's shift
+    ``shift[j]``, and its own shift ``shift[j - 1] = (c - S) / b``: the status."""
+    ssum, st = children_sum(kw, tree, j, i, b, pw, weights, m, s, q, r, acc, cnt, ws)
+    if st != OK:
+        return st
+    v, st = node_noise(kw, j, tree, i, m, s, q, r, ws[0], ws[1], ws[2])
+    if st != OK:
+        return st
+    a = weights[j]
+    z = a * np.float64(v) + (1.0 - a) * ssum
+    c = z if j == top else z + shift[j]
+    shift[j - 1] = (c - ssum) / b
+    return OK
+
+
+@numba.njit(cache=True, nogil=True)
+def fill_row(kw, noise, have, g, known, b, L, per_tree, pw, weights, shift, m, s, q, r, acc, cnt,
+             ws):  # pragma: no cover - compiled
+    """One row's buffer ``noise`` filled from ``noise[have]`` on with the consistent noise of leaves ``g, g + 1, ...``
+    (global leaf indices: tree ``g // per_tree``), entering the ancestors that start at each leaf (every ancestor,
+    from the top, at the first leaf when the row's shifts are not ``known``): ``(the next leaf, status)``."""
+    buf, res, ovf, vals, leaves = ws[0], ws[1], ws[2], ws[7], ws[8]
+    leaves_of = -1  # the layer-1 node whose leaves' z are in the scratch (from this slot on)
+    for slot in range(have, noise.size):
+        tree, leaf = g // per_tree, g % per_tree
+        if L == 1:  # the leaves are the top nodes: c = z = N
+            v, st = node_noise(kw, 0, tree, leaf, m, s, q, r, buf, res, ovf)
+            if st != OK:
+                return g, st
+            c = np.float64(v)
+        else:
+            top = L - 1
+            if known:  # enter the ancestors that start at this leaf
+                top = 0
+                for j in range(L - 1, 0, -1):
+                    if leaf % pw[j] == 0:
+                        top = j
+                        break
+            for j in range(top, 0, -1):
+                st = enter_node(kw, tree, j, leaf // pw[j], L - 1, b, pw, weights, shift, m, s, q, r, acc, cnt, ws)
+                if st != OK:
+                    return g, st
+            if top >= 1:  # the layer-1 node was entered: its leaves' z are in the scratch
+                leaves_of = g // b
+            known = True
+            if leaves_of != g // b:  # a layer-1 node entered before this call: draw the leaves wanted of it
+                first = leaf % b
+                want = min(b - first, noise.size - slot)
+                for c0 in range(0, want, _RUN):
+                    count = min(_RUN, want - c0)
+                    st = node_noise_run(kw, 0, tree, leaf + c0, count, m, s, q, r, vals, ws)
+                    if st != OK:
+                        return g, st
+                    for e in range(count):
+                        leaves[first + c0 + e] = np.float64(vals[e])
+                leaves_of = g // b
+            c = leaves[leaf % b] + shift[0]
+        noise[slot] = np.rint(c * _GRID) / _GRID
+        g += 1
+    return g, OK
+
+
+@numba.njit(cache=True, nogil=True)
+def _key_words(key, row, kw):  # pragma: no cover - compiled
+    """Row ``row`` of the key column (32 bytes) as 8 little-endian 32-bit words in ``kw`` (uint64), the words
+    :meth:`operators.noise.KeyedGenerator.key_words` gives."""
+    for k in range(8):
+        word = np.uint64(0)
+        for byte in range(4):
+            word |= np.uint64(key[row, 4 * k + byte]) << np.uint64(8 * byte)
+        kw[k] = word
+
+
+@numba.njit(cache=True, nogil=True)
 def refill_rows(due, key, drawn, head, avail, noise, shift, known, shape, fanout, layers, top_nodes, weights,
                 m, s, q, r):  # pragma: no cover - compiled
     """Fill the noise drawn ahead of every row in ``due`` (distinct rows) to the brim: the unused leaves moved to the
-    front, then the consistent noise of the row's next leaves (module docstring), its walk's shifts kept.
+    front, then the consistent noise of the row's next leaves (:func:`fill_row`), its walk's shifts kept.
 
     Per due row ``t``: ``shape[t]`` indexes ``fanout``, ``layers`` (L), ``top_nodes`` (R) and ``weights`` (the
     ``a_l`` of :func:`operators.hierarchy.layer_weight`, row by shape, index = layer); ``m[t] .. r[t]`` its discrete
     Laplace. Returns -1, or the index in ``due`` of a row whose draw left the int64 range (probability exp(-2^20)):
-    that row is as it was, its shifts forgotten, and the rows after it untouched."""
+    that row keeps the leaves it had (moved to the front), its shifts forgotten; the rows after it are untouched."""
     ahead = noise.shape[1]
     kw = np.empty(8, dtype=np.uint64)
     depth = 2
@@ -293,77 +369,23 @@ def refill_rows(due, key, drawn, head, avail, noise, shift, known, shape, fanout
     acc = np.empty(depth, dtype=np.float64)
     cnt = np.zeros(depth, dtype=np.int64)
     ws = scratch(int(fanout.max()) if fanout.size else 1)
-    buf, res, ovf, vals, leaves = ws[0], ws[1], ws[2], ws[7], ws[8]
     for t in range(due.size):
-        row = due[t]
-        sh = shape[t]
+        row, sh = due[t], shape[t]
         b, L = fanout[sh], layers[sh]
-        w = weights[sh]
-        dm, ds, dq, dr = m[t], s[t], q[t], r[t]
         pw[0] = 1
         for k in range(1, L + 1):
             pw[k] = pw[k - 1] * b
-        per_tree = top_nodes[sh] * pw[L - 1]
-        for k in range(8):
-            kw[k] = (np.uint64(key[row, 4 * k]) | (np.uint64(key[row, 4 * k + 1]) << np.uint64(8))
-                     | (np.uint64(key[row, 4 * k + 2]) << np.uint64(16))
-                     | (np.uint64(key[row, 4 * k + 3]) << np.uint64(24)))
+        _key_words(key, row, kw)
         have, h = avail[row], head[row]
         if h:
             for k in range(have):
                 noise[row, k] = noise[row, h + k]
             head[row] = 0
-        g = drawn[row]
-        walk_known = known[row] != 0
-        leaves_of = -1  # the layer-1 node whose leaves' z are in the scratch (from slot on)
-        for slot in range(have, ahead):
-            tree, leaf = g // per_tree, g % per_tree
-            if L == 1:  # the leaves are the top nodes: c = z = N
-                v, st = node_noise(kw, 0, tree, leaf, dm, ds, dq, dr, buf, res, ovf)
-                if st != OK:
-                    known[row] = 0
-                    return t
-                c = np.float64(v)
-            else:
-                top = L - 1
-                if walk_known:  # enter the ancestors that start at this leaf
-                    top = 0
-                    for j in range(L - 1, 0, -1):
-                        if leaf % pw[j] == 0:
-                            top = j
-                            break
-                for j in range(top, 0, -1):
-                    i = leaf // pw[j]
-                    ssum, st = children_sum(kw, tree, j, i, b, pw, w, dm, ds, dq, dr, acc, cnt, ws)
-                    if st != OK:
-                        known[row] = 0
-                        return t
-                    v, st = node_noise(kw, j, tree, i, dm, ds, dq, dr, buf, res, ovf)
-                    if st != OK:
-                        known[row] = 0
-                        return t
-                    a = w[j]
-                    z = a * np.float64(v) + (1.0 - a) * ssum
-                    c = z if j == L - 1 else z + shift[row, j]
-                    shift[row, j - 1] = (c - ssum) / b
-                    if j == 1:
-                        leaves_of = g // b
-                walk_known = True
-                if leaves_of != g // b:  # a layer-1 node entered before this call: draw the leaves wanted of it
-                    first = leaf % b
-                    want = min(b - first, ahead - slot)
-                    for c0 in range(0, want, _RUN):
-                        count = min(_RUN, want - c0)
-                        st = node_noise_run(kw, 0, tree, leaf + c0, count, dm, ds, dq, dr, vals, ws)
-                        if st != OK:
-                            known[row] = 0
-                            return t
-                        for e in range(count):
-                            leaves[first + c0 + e] = np.float64(vals[e])
-                    leaves_of = g // b
-                c = leaves[leaf % b] + shift[row, 0]
-            noise[row, slot] = np.rint(c * _GRID) / _GRID
-            g += 1
+        g, st = fill_row(kw, noise[row], have, drawn[row], known[row] != 0, b, L, top_nodes[sh] * pw[L - 1], pw,
+                         weights[sh], shift[row], m[t], s[t], q[t], r[t], acc, cnt, ws)
+        if st != OK:
+            known[row] = 0
+            return t
         drawn[row] = g
         avail[row] = ahead
         known[row] = 1
