@@ -1,4 +1,4 @@
-"""Accuracy of the calibrated selection of (theta, s) against the paper's and the hindsight-best (issue 12).
+"""Accuracy of the calibrated selection of (theta, s) against the paper's and the hindsight-best.
 
     python bench/bench_accuracy.py [--repetitions 8] [--queries 2000] [--quick]
 

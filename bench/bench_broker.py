@@ -1,4 +1,4 @@
-"""What the broker's persistence settings cost (issue 10, item 8): QoS 1 messages per second into Mosquitto while a
+"""What the broker's persistence settings cost: QoS 1 messages per second into Mosquitto while a
 persistent-session subscriber (the daemon's situation while it is down) has them queued, for the stock autosave
 (1800 s), deploy/'s autosave every second, and saving on every change. Prints one line per setting.
 
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import MOSQUITTO, free_port, wait_port
+from tests.support import MOSQUITTO, free_port, wait_port
 
 SETTINGS = {
     "stock (autosave_interval 1800)": "autosave_interval 1800\n",

@@ -1,4 +1,4 @@
-"""Benchmark of categorical streams (issue 15) on the commuting stand-in (n = 2,750,238; 1,085 county cells;
+"""Benchmark of categorical streams on the commuting stand-in (n = 2,750,238; 1,085 county cells;
 9,796,900 origin-destination cells, 287,116 non-empty).
 
     python bench/bench_categorical.py [--eps 1,5] [--skip-od]

@@ -1,7 +1,7 @@
 """Throughput of `tops run` through a real Mosquitto (single readings, batches, 10,000 streams); prints figures.
 
 ``--only held [--held 1000000]``: single readings (QoS 1 in) before and while the daemon holds a million other streams
-in their holdout (issue 13's goal: no worse while holding them).
+in their holdout (the aim: no slower while holding them).
 
 Run: ``python bench/bench_daemon.py [--messages N]``. Starts a broker on a free loopback port, the daemon as a
 subprocess (one process), and publishers (``mosquitto_pub -l``, C, or paho for many topics). The rate is the
@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import Broker, free_port, scrape, wait_for, write_toml  # noqa: E402
+from tests.support import Broker, free_port, scrape, wait_for, write_toml  # noqa: E402
 
-STATE = True  # --no-state: without durable state (as before issue 4)
+STATE = True  # --no-state: without durable state
 BROKER_INFLIGHT = 0  # --broker-inflight: Mosquitto's max_inflight_messages (0: no limit; Mosquitto's default is 20)
 TEMPLATE = {"epsilon": 1.0, "bound": 1000.0, "holdout": 100, "query_range": 1 << 16, "fanout": 16}
 

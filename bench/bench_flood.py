@@ -1,4 +1,4 @@
-"""A QoS 0 flood at the publisher's maximum rate against `tops run` (issue 10, item 2); prints figures.
+"""A QoS 0 flood at the publisher's maximum rate against `tops run`; prints figures.
 
 Run: ``python bench/bench_flood.py [--seconds 60] [--qos 0|1] [--max-queue N]``. Starts Mosquitto on a free
 loopback port (no queue limit: the broker never drops, so whatever the daemon does not process it must count), the
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import Broker, free_port, scrape, wait_for, write_toml  # noqa: E402
+from tests.support import Broker, free_port, scrape, wait_for, write_toml  # noqa: E402
 
 
 def vm(pid: int, field: str) -> int:

@@ -1,4 +1,4 @@
-"""The end of many holdouts: each stream's own choice against the choices made together (issue 13).
+"""The end of many holdouts: each stream's own choice against the choices made together.
 
     python bench/bench_holdout_ends.py [--streams 20000] [--holdout 3] [--grid compact|exact] [--bound 5000]
 

@@ -1,4 +1,4 @@
-"""What the compact holdout grid costs: accuracy against the exact grid, and a holdout's memory (issue 13).
+"""What the compact holdout grid costs: accuracy against the exact grid, and a holdout's memory.
 
     python bench/bench_holdout_grid.py [--repetitions 8] [--queries 1000] [--quick] [--memory-only]
 

@@ -1,4 +1,4 @@
-"""Readings of many streams through the compiled columnar kernel (issue 13's goal: 2 M readings/s on one core with
+"""Readings of many streams through the compiled columnar kernel (the aim: 2 M readings/s on one core with
 100,000 streams interleaved).
 
     python bench/bench_kernel.py [--streams 100000] [--readings 5000000] [--ahead 16] [--query-range 4096]

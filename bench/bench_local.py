@@ -1,8 +1,8 @@
-"""Benchmark of local mode (issue 5): Square Wave EM, device-side perturbation throughput, ToPL on DNS.
+"""Benchmark of local mode: Square Wave EM, device-side perturbation throughput, ToPL on DNS.
 
     python bench/bench_local.py [--repeat 5]
 
-Prints the figures the README quotes (targets: SW EM over 65,536 reports with 1024 buckets under 1 s; a device
+Prints the figures docs/performance.md quotes (targets: SW EM over 65,536 reports with 1024 buckets under 1 s; a device
 perturbs 1 million readings per second, keyed uniforms included). Not a test: nothing here asserts.
 """
 

@@ -1,9 +1,9 @@
-"""What any eps-LDP threshold phase can promise on the shipped streams (issue 17): Le Cam's two-point bound.
+"""What any eps-LDP threshold phase can promise on the shipped streams: Le Cam's two-point bound.
 
     python bench/bench_local_bound.py [--holdout 65536] [--range 1048576] [--factor 1.5]
 
 For DNS, retail (the reference code's B) and a ``tops simulate`` meter (seed 1, B = 5,000), each extended to
-m + r ticks as ``tops compare --mode local`` does, and every eps of issue 17's table: the thetas within ``factor``
+m + r ticks as ``tops compare --mode local`` does, and every eps of the local comparison: the thetas within ``factor``
 of the best on the holdout's true readings, the alternative stream (a share of the readings moved to one value)
 whose interval is disjoint, the divergence bound between what m reports can show of the two, and the least
 probability with which *any* threshold phase (rounds, estimator, mechanism) misses the factor on one of the two

@@ -1,4 +1,4 @@
-"""Benchmark of the exact discrete Laplace sampler (issue 9, item 4): samples/s and random bits per sample.
+"""Benchmark of the exact discrete Laplace sampler: samples/s and random bits per sample.
 
     python bench/bench_noise.py
 

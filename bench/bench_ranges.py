@@ -1,11 +1,11 @@
-"""Range counting and count-of-counts (issue 16's goal table).
+"""Range counting and count-of-counts: the figures the ranges page reports.
 
     python bench/bench_ranges.py [--releases 20000]
 
 1. Each central mechanism's empirical variance over ``--releases`` keyed releases against its closed form
    (:func:`operators.ranges.central.range_variance`), for three ranges of a 256-bucket domain at eps = 1; the same
    for the local flat and hierarchical histograms (half as many runs, 16 buckets, eps = 1 and 3).
-2. Mean variance by range length (d = 2,048, eps = 1, b = 4): flat, the tree without consistency (seed 000's
+2. Mean variance by range length (d = 2,048, eps = 1, b = 4): flat, the tree without consistency (Friis's
    structure with the noise eps needs), the consistent tree, and what ``mechanism = "auto"`` picks.
 3. Count-of-counts on a synthetic hierarchy (1 root, 5 states, 50 counties, 500 households each, Zipf sizes capped
    at 50), eps = 1: earth mover's distance per level of the per-node least squares (PAV on H_c) and of the consistent

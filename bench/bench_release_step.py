@@ -1,4 +1,4 @@
-"""A processing step of releasing rows, and a new releasing stream, in-process (issue 13).
+"""A processing step of releasing rows, and a new releasing stream, in-process.
 
     python bench/bench_release_step.py [--streams 50000] [--rounds 6]
 

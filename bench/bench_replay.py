@@ -1,8 +1,8 @@
-"""Benchmark of the central core (issue 2): replay throughput, state per stream, utility on DNS.
+"""Benchmark of the central core: replay throughput, state per stream, utility on DNS.
 
     python bench/bench_replay.py [--repeat 5]
 
-Prints the figures the README quotes. Not a test: nothing here asserts.
+Prints the figures docs/performance.md and docs/accuracy.md quote. Not a test: nothing here asserts.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Restart and checkpoint with a million stored streams (issue 13); prints figures. Not a test: nothing asserts.
+"""Restart and checkpoint with a million stored streams; prints figures. Not a test: nothing asserts.
 
 Run: ``python bench/bench_restart.py [--streams 1000000] [--changed 0.01]``. The daemon runs in this process (stdin
 source, stdout sink to /dev/null, durable state in a temporary directory on the project's disk, as

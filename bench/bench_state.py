@@ -128,7 +128,7 @@ async def stall(tmp: Path, n: int, seconds: float, rate: int, *, keep_heap: bool
 
     def feed() -> None:
         out = os.fdopen(w, "wb")
-        # warm-up: every stream once (a new stream costs one ledger transaction, ~0.25 ms), not measured
+        # warm-up: every stream once (a new stream costs one ledger transaction), not measured
         out.write(b"".join(f"s{k},1\n".encode() for k in range(n)))
         out.flush()
         time.sleep(4.0)

@@ -1,4 +1,4 @@
-"""Many streams in one process: the experiment of issue 13, through `tops run` on stdin.
+"""Many streams in one process, through `tops run` on stdin.
 
     python bench/bench_streams.py [--streams 200000] [--readings 6] [--holdout 3] [--bound 5000] [--theta T]
                                   [--grid exact|compact] [--values 100] [--smoother-layers S] [--query-range R]

@@ -9,7 +9,7 @@ d ^= a; d <<<= 8; c += d; b ^= c; b <<<= 7``), then the input state is added wor
 fills it (block counter, domain, address). Every word is computed in 64-bit integers and masked to 32 bits (numba
 widens 32-bit arithmetic). A test compares this kernel with ``cryptography`` on thousands of random keys, counters
 and addresses, and with the RFC's own test vector. It is loaded as the discrete Laplace kernel is (after a process
-drew noise a few times): calling OpenSSL through ``cryptography`` costs about 20 us a call, this about 1 us, which is
+drew noise a few times): calling OpenSSL through ``cryptography`` costs many times this kernel's call, which is
 most of a small draw (a hierarchy's refill makes a few of them per leaf group, the holdout's choice five).
 """
 

@@ -2,7 +2,7 @@
 
 One loop over a batch of (row, value) pairs from many streams: clamp and quantize the value, add it to its row's
 open leaf, and either release the leaf's prediction or, when the leaf completes, its noisy sum from the row's
-noise drawn ahead, minus what the leaf's earlier ticks released (seed 001 Algorithm 1 with the Recent smoother,
+noise drawn ahead, minus what the leaf's earlier ticks released (Wang et al., Alg. 1, with the Recent smoother,
 Appendix D). The arithmetic is the same as :func:`operators.smoother.release_ticks` in the same order, so every
 release is the same float64 as ToPS's. It stops at the first reading whose row has no noise left and returns its
 index; the caller refills that row and every other row that runs out in the rest of the batch

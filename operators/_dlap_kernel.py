@@ -156,7 +156,7 @@ def sample_one(key_words, block, n0, n1, n2, m, s, q, r):
     """Sample ``block`` of an address's discrete Laplace draws (its own 64-byte block of the keystream of key
     ``key_words`` and nonce ``n0 n1 n2``), keystream and sampler in one call: ``(value, True)``, or ``(0, False)``
     when its 512 bits ran out (or the value left the int64 range) and the general path must draw it. A holdout's
-    choice and a stream's first draws make such single draws: one call instead of three (about 10 us less)."""
+    choice and a stream's first draws make such single draws: one call instead of three."""
     padded = np.zeros(9, dtype=np.uint64)  # the block, then one zero word, as operators.noise._Bits pads
     padded[:8] = keystream(key_words, block, n0, n1, n2, 1)
     out = np.zeros(1, dtype=np.int64)

@@ -1,9 +1,9 @@
-"""Many releasing ToPS streams as columns, and one compiled pass over a batch of their readings (issue 13).
+"""Many releasing ToPS streams as columns, and one compiled pass over a batch of their readings.
 
-Seed 001's perturber with the Recent smoother (Algorithm 1, Appendix D) needs, per stream and between readings, only
-a handful of numbers: theta, the leaf width ``w = b^s``, the open leaf's position and truncated sum, the current
-prediction, the position of the noise walk, and the consistent noise of the next leaves. :class:`ColumnarRelease`
-keeps those as arrays (no Python object per stream), a stream is a row, and
+The perturber of Wang et al. (CCS 2021) with the Recent smoother (Algorithm 1, Appendix D) needs, per stream and between
+readings, only a handful of numbers: theta, the leaf width ``w = b^s``, the open leaf's position and truncated sum, the
+current prediction, the position of the noise walk, and the consistent noise of the next leaves.
+:class:`ColumnarRelease` keeps those as arrays (no Python object per stream), a stream is a row, and
 :func:`operators._columnar_kernel.release_batch` runs a batch of ``(row, value)`` pairs of many streams in one
 compiled loop. The noise stays what ToPS draws: when rows have used their noise drawn ahead, every row of the batch
 that runs out is refilled in one compiled call (:func:`operators._refill_kernel.refill_rows`), which regenerates from

@@ -1,9 +1,9 @@
-"""Many ToPS streams in their holdout as columns, and one compiled pass over a batch of their readings (issue 13).
+"""Many ToPS streams in their holdout as columns, and one compiled pass over a batch of their readings.
 
-In its holdout a ToPS stream (seed 001, Algorithm 1) keeps only sufficient statistics for the choice at the holdout's
-end: the histogram of its readings over the candidate thresholds (Eq. 5 counts the values above each candidate from
-it) and, for the calibrated selection, the block statistics of :class:`operators.selection.BlockStats` (per leaf width
-``b^s`` and cap ``2^k``: the current block's truncated sum, the previous block's, the sum of ``|dS|``). With the
+In its holdout a ToPS stream (Wang et al., CCS 2021, Algorithm 1) keeps only sufficient statistics for the choice at the
+holdout's end: the histogram of its readings over the candidate thresholds (Eq. 5 counts the values above each candidate
+from it) and, for the calibrated selection, the block statistics of :class:`operators.selection.BlockStats` (per leaf
+width ``b^s`` and cap ``2^k``: the current block's truncated sum, the previous block's, the sum of ``|dS|``). With the
 compact candidate grid (``holdout_grid = "compact"``, ``O(log B)`` cells) these are a few hundred numbers of fixed
 shape, so :class:`ColumnarHoldout` keeps them as rows of arrays shared by every stream of one configuration (no
 Python object, histogram or array header per stream) and :func:`operators._holdout_kernel.holdout_batch` counts a
@@ -50,7 +50,7 @@ _SCALARS = ("pos", "ticks", "clamped")
 
 
 # a stream becomes a row only with at least this many holdout readings to come: making a row and giving the operator
-# back cost about 45 us, a reading counted in a row instead of by its operator saves about 9 us in the daemon
+# back costs what counting about five readings in a row instead of by the operator saves
 MIN_HOLDOUT_LEFT = 16
 
 

@@ -16,19 +16,28 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "FANOUT_MAX",
     "HOLDOUT_GRIDS",
+    "HOLDOUT_MAX",
+    "QUERY_RANGE_MAX",
     "SELECTIONS",
     "SMOOTHERS",
+    "SMOOTHER_LAYERS_MAX",
+    "WINDOW_MAX",
     "ConfigError",
     "ToPSConfig",
+    "check_hierarchy",
     "check_holdout",
     "check_int_at_least",
+    "check_int_in",
+    "check_parameter",
     "check_positive",
+    "check_smoother",
     "tree_height",
 ]
 
@@ -36,40 +45,61 @@ SMOOTHERS = ("recent", "ema", "mean", "median", "moving")
 SELECTIONS = ("calibrated", "paper")
 HOLDOUT_GRIDS = ("exact", "compact")
 
+# The ranges of the integer parameters. A fanout at or above r is a flat hierarchy (h = 1): anything larger only
+# risks overflow. r <= 2^32 and b >= 2 give h <= 32, so s <= h - 1 <= 31. The window is in leaves (8 bytes each in
+# a stream's state). The holdout histogram counts ticks in 32-bit signed integers.
+FANOUT_MAX = 1 << 16
+QUERY_RANGE_MAX = 1 << 32
+SMOOTHER_LAYERS_MAX = 31
+WINDOW_MAX = 1 << 16
+HOLDOUT_MAX = 2**31 - 1
+
 
 class ConfigError(ValueError):
-    """A parameter is outside its allowed values; the message names it and what is allowed."""
+    """A parameter is outside its allowed values; the message names it and what is allowed, ``param`` is its name
+    (None for a problem between parameters that no single one owns)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
-@functools.lru_cache(maxsize=256)
-def tree_height(query_range: int, fanout: int) -> int:
-    """``h = ceil(log_b r)``, computed exactly on integers (once per pair: every new stream asks)."""
-    h, span = 0, 1
-    while span < query_range:
-        span *= fanout
-        h += 1
-    return max(h, 1)
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to 40 characters (a message stays one short line, whatever it was given)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _refuse(name: str, rule: str, value: Any) -> ConfigError:
+    return ConfigError(f"{name} must be {rule} (got {_shown(value)})", name)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def check_positive(name: str, value: Any) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        msg = f"{name} must be a positive number (got {value!r})"
-        raise ConfigError(msg)
+    """A positive finite number (an int is compared before any conversion: 10^400 is refused, not overflowed)."""
+    if not _is_real(value) or not 0 < value <= sys.float_info.max:
+        raise _refuse(name, "a positive number", value)
 
 
 def check_int_at_least(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        msg = f"{name} must be an integer >= {low} (got {value!r})"
-        raise ConfigError(msg)
+    if not _is_int(value) or value < low:
+        raise _refuse(name, f"an integer >= {low}", value)
+
+
+def check_int_in(name: str, value: Any, low: int, high: int) -> None:
+    if not _is_int(value) or not low <= value <= high:
+        raise _refuse(name, f"an integer >= {low} and <= {high}", value)
 
 
 def check_holdout(value: Any, theta: Any) -> None:
-    """m: an integer >= 1, or >= 0 with a fixed public theta; one message whatever the bad value.
+    """m: an integer in [1, 2^31 - 1], or from 0 with a fixed public theta; one message whatever the bad value.
 
     >>> check_holdout(-3, None)
     Traceback (most recent call last):
@@ -82,9 +112,95 @@ def check_holdout(value: Any, theta: Any) -> None:
     """
     if theta is not None:
         check_int_at_least("holdout", value, 0)
-    elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        msg = f"holdout must be an integer >= 1 unless theta is given (got {value!r})"
-        raise ConfigError(msg)
+    elif not _is_int(value) or value < 1:
+        raise _refuse("holdout", "an integer >= 1 unless theta is given", value)
+    check_parameter("holdout", value)
+
+
+def _check_alpha(name: str, value: Any) -> None:
+    if not _is_real(value) or not 0 <= value <= 1:  # NaN fails the comparison
+        raise _refuse(name, "a number in [0, 1]", value)
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise _refuse(name, f"one of {', '.join(choices)}", value)
+
+
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    "fanout": (2, FANOUT_MAX),
+    "query_range": (2, QUERY_RANGE_MAX),
+    "smoother_layers": (0, SMOOTHER_LAYERS_MAX),
+    "window": (1, WINDOW_MAX),
+    "holdout": (0, HOLDOUT_MAX),  # ticks before the first release: 0 with a fixed theta
+}
+_POSITIVE = ("epsilon", "threshold_epsilon", "resolution", "theta")
+
+
+def check_parameter(name: str, value: Any) -> None:
+    """The range of one public parameter of a ToPS stream on its own (how it relates to the others is checked by
+    the configurations that hold them): the one place each range is written.
+
+    >>> check_parameter("fanout", 1)
+    Traceback (most recent call last):
+    ...
+    operators.config.ConfigError: fanout must be an integer >= 2 and <= 65536 (got 1)
+    """
+    if name in _INT_RANGES:
+        check_int_in(name, value, *_INT_RANGES[name])
+    elif name in _POSITIVE:
+        check_positive(name, value)
+    elif name == "alpha":
+        _check_alpha(name, value)
+    elif name == "smoother":
+        _check_choice(name, value, SMOOTHERS)
+    else:
+        msg = f"no range is known for a parameter named {_shown(name)}"
+        raise ValueError(msg)
+
+
+@functools.lru_cache(maxsize=256)
+def tree_height(query_range: int, fanout: int) -> int:
+    """``h = ceil(log_b r)``, computed exactly on integers (once per pair: every new stream asks). A fanout below 2
+    never grows a tree and a range below 1 has none: refused, whoever asks.
+
+    >>> tree_height(4096, 16), tree_height(4097, 16), tree_height(1, 16)
+    (3, 4, 1)
+    """
+    if not fanout >= 2:  # NaN too
+        raise _refuse("fanout", "at least 2", fanout)
+    if not query_range >= 1:
+        raise _refuse("query_range", "at least 1", query_range)
+    h, span = 0, 1
+    while span < query_range:
+        span *= fanout
+        h += 1
+    return max(h, 1)
+
+
+def check_hierarchy(query_range: Any, fanout: Any, smoother_layers: Any) -> int:
+    """r, b and s of a hierarchy: each in its range, r a multiple of ``b^(h-1)`` (every tree has the same shape), s
+    at most ``h - 1`` (one layer of noise remains). Returns h."""
+    check_parameter("fanout", fanout)
+    check_parameter("query_range", query_range)
+    h = tree_height(query_range, fanout)
+    if query_range % fanout ** (h - 1):
+        msg = (f"query_range must be a multiple of fanout^(h-1) = {fanout ** (h - 1)} "
+               f"(e.g. a power of the fanout; got {query_range})")
+        raise ConfigError(msg, "query_range")
+    if smoother_layers is not None:
+        check_parameter("smoother_layers", smoother_layers)
+        if smoother_layers > h - 1:
+            raise _refuse("smoother_layers", f"between 0 and h - 1 = {h - 1}", smoother_layers)
+    return h
+
+
+def check_smoother(smoother: Any, alpha: Any, window: Any) -> None:
+    """The smoother and its two parameters (Appendix D): a known smoother, the EMA weight in [0, 1], a window of
+    1 to 65,536 leaves."""
+    check_parameter("smoother", smoother)
+    check_parameter("alpha", alpha)
+    check_parameter("window", window)
 
 
 _AS_DICT: dict[Any, dict[str, Any]] = {}  # ToPSConfig -> its dict (configurations are few and immutable)
@@ -92,7 +208,7 @@ _AS_DICT: dict[Any, dict[str, Any]] = {}  # ToPSConfig -> its dict (configuratio
 
 @dataclass(frozen=True, slots=True)
 class ToPSConfig:
-    """Parameters of one ToPS stream (seed 001, Algorithm 1 and Sections 3.3-3.6).
+    """Parameters of one ToPS stream (Wang et al., CCS 2021, Algorithm 1 and Sections 3.3-3.6).
 
     Parameters
     ----------
@@ -153,76 +269,35 @@ class ToPSConfig:
 
     def __post_init__(self) -> None:
         check_positive("epsilon", self.epsilon)
-        if isinstance(self.lower, bool) or not isinstance(self.lower, int | float) or not math.isfinite(self.lower):
-            msg = f"lower must be a finite number (got {self.lower!r})"
-            raise ConfigError(msg)
+        if not _is_real(self.lower) or not -sys.float_info.max <= self.lower <= sys.float_info.max:
+            raise _refuse("lower", "a finite number", self.lower)
         if self.lower == 0:
             check_positive("bound", self.bound)
-        elif (isinstance(self.bound, bool) or not isinstance(self.bound, int | float) or not math.isfinite(self.bound)
-              or self.bound <= self.lower):
-            msg = f"bound must be a finite number above lower ({self.lower}); got {self.bound!r}"
-            raise ConfigError(msg)
+        elif not _is_real(self.bound) or not self.lower < self.bound <= sys.float_info.max:
+            raise _refuse("bound", f"a finite number above lower ({self.lower})", self.bound)
         check_positive("resolution", self.resolution)
-        if self.span >= self.resolution and type(self.fanout) is int and type(self.query_range) is int:
-            from operators.hierarchy import exact_range_problem
-
-            b = max(self.fanout, 2)
-            h = tree_height(max(self.query_range, 2), b)
-            problem = exact_range_problem(self.span / self.resolution, self.epsilon, b, h)
-            if problem:
-                raise ConfigError(problem)
+        h = check_hierarchy(self.query_range, self.fanout, self.smoother_layers)
         if self.span < self.resolution:
             msg = f"bound - lower must be at least one resolution step ({self.resolution})"
-            raise ConfigError(msg)
+            raise ConfigError(msg, "resolution")
+        from operators.hierarchy import exact_range_problem
+
+        problem = exact_range_problem(self.span / self.resolution, self.epsilon, self.fanout, h)
+        if problem:
+            raise ConfigError(problem)
         check_holdout(self.holdout, self.theta)
-        if self.holdout > 2**31 - 1:
-            msg = f"holdout must be below 2^31 (got {self.holdout})"
-            raise ConfigError(msg)
-        check_int_at_least("fanout", self.fanout, 2)
-        check_int_at_least("query_range", self.query_range, 2)
-        if self.query_range > 1 << 32:
-            msg = f"query_range must be at most 2^32 (got {self.query_range})"
-            raise ConfigError(msg)
-        h = tree_height(self.query_range, self.fanout)
-        if self.query_range % self.fanout ** (h - 1):
-            msg = (
-                f"query_range must be a multiple of fanout^(h-1) = {self.fanout ** (h - 1)} "
-                f"(e.g. a power of the fanout; got {self.query_range})"
-            )
-            raise ConfigError(msg)
-        if self.selection not in SELECTIONS:
-            msg = f"selection must be one of {', '.join(SELECTIONS)} (got {self.selection!r})"
-            raise ConfigError(msg)
-        if self.holdout_grid not in HOLDOUT_GRIDS:
-            msg = f"holdout_grid must be one of {', '.join(HOLDOUT_GRIDS)} (got {self.holdout_grid!r})"
-            raise ConfigError(msg)
-        if self.smoother not in SMOOTHERS:
-            msg = f"smoother must be one of {', '.join(SMOOTHERS)} (got {self.smoother!r})"
-            raise ConfigError(msg)
-        if self.smoother_layers is not None:
-            check_int_at_least("smoother_layers", self.smoother_layers, 0)
-            if self.smoother_layers > h - 1:
-                msg = f"smoother_layers must be between 0 and h - 1 = {h - 1} (got {self.smoother_layers})"
-                raise ConfigError(msg)
-        if (
-            isinstance(self.alpha, bool)
-            or not isinstance(self.alpha, int | float)
-            or not 0 <= self.alpha <= 1
-        ):
-            msg = f"alpha must be in [0, 1] (got {self.alpha!r})"
-            raise ConfigError(msg)
-        check_int_at_least("window", self.window, 1)
+        _check_choice("selection", self.selection, SELECTIONS)
+        _check_choice("holdout_grid", self.holdout_grid, HOLDOUT_GRIDS)
+        check_smoother(self.smoother, self.alpha, self.window)
         if self.threshold_epsilon is not None:
             check_positive("threshold_epsilon", self.threshold_epsilon)
         if self.theta is not None:
             if self.lower == 0:
                 check_positive("theta", self.theta)
-            elif isinstance(self.theta, bool) or not isinstance(self.theta, int | float) or self.theta <= self.lower:
-                msg = f"theta must be a number above lower ({self.lower}); got {self.theta!r}"
-                raise ConfigError(msg)
+            elif not _is_real(self.theta) or not self.lower < self.theta <= sys.float_info.max:
+                raise _refuse("theta", f"a number above lower ({self.lower})", self.theta)
             if self.theta > self.bound:
-                msg = f"theta must be at most bound ({self.bound}); got {self.theta}"
-                raise ConfigError(msg)
+                raise _refuse("theta", f"at most bound ({self.bound})", self.theta)
 
     @property
     def span(self) -> float:

@@ -1,4 +1,5 @@
-"""Hierarchical count-of-counts histograms (seed 002, Kuo et al.'s poster; errata fixed).
+"""Hierarchical count-of-counts histograms (Kuo, Chiu, Kifer, Hay and Machanavajjhala, PVLDB 2018
+poster; errata fixed).
 
 For every node ``tau`` of a public region hierarchy, how many groups (households) of ``j`` people it holds:
 ``H[j]``, ``j = 1 .. J``. The groups and the hierarchy are public, persons are private: neighbours differ by one

@@ -1,4 +1,5 @@
-"""A count-of-counts stream released per period (seed 002): the consistent count-of-counts histogram of every region.
+"""A count-of-counts stream released per period (Kuo et al., PVLDB 2018): the consistent count-of-counts histogram of
+every region.
 
 A public region hierarchy is given by its leaves as paths (``"ca/la"``, ``"ca/sf"``, ``"ny/nyc"``: every prefix is a
 region, all under one root ``root_name``); all leaves have the same depth, so a person is in exactly one region per

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from operators.config import tree_height
-from operators.hierarchy import layer_weight
+from operators.config import ConfigError, check_hierarchy, check_positive, check_smoother, tree_height
+from operators.hierarchy import exact_range_problem, layer_weight
 from operators.noise import DiscreteLaplace
 
 __all__ = ["LINEAR_SMOOTHERS", "NoiseModel", "consistent_leaf_variance_weights", "prediction_coefficients"]
@@ -119,7 +119,9 @@ class NoiseModel:
     """The public parameters of a ToPS stream that fix the noise of its releases.
 
     ``theta`` and ``resolution`` in value units; ``smoother_layers`` is s as the stream reports it (Eq. 7 if
-    ``None``, as the operator chooses it).
+    ``None``, as the operator chooses it). Every parameter is checked by the ranges of ``operators.config`` (the ones
+    a stream's configuration is held to), and the node noise must be one the exact sampler draws: a model is never
+    built from parameters no stream could have released with (they may come from a status message).
     """
 
     epsilon: float
@@ -131,6 +133,16 @@ class NoiseModel:
     alpha: float = 0.6
     window: int = 8
     resolution: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_positive("epsilon", self.epsilon)
+        check_positive("theta", self.theta)
+        check_positive("resolution", self.resolution)
+        h = check_hierarchy(self.query_range, self.fanout, self.smoother_layers)
+        check_smoother(self.smoother, self.alpha, self.window)
+        problem = exact_range_problem(self.theta / self.resolution, self.epsilon, self.fanout, h)
+        if problem:
+            raise ConfigError(problem)
 
     @property
     def height(self) -> int:

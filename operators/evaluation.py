@@ -1,4 +1,4 @@
-"""The paper's utility metric (seed 001, Eq. 9): squared error of random range queries over released ticks.
+"""The paper's utility metric (Wang et al., CCS 2021, Eq. 9): squared error of random range queries over released ticks.
 
 ``MSE(Q) = 1/|Q| sum_{(i,j) in Q} (V~(i,j) - V(i,j))^2`` where ``V(i,j)`` is the sum of ticks i..j. A query has a
 length drawn uniformly from [1, min(r, n)] and a start drawn uniformly among the positions where it fits.

@@ -1,4 +1,5 @@
-"""The perturber's noise: an online b-ary hierarchy with noise drawn ahead and made consistent (seed 001, App. C).
+"""The perturber's noise: an online b-ary hierarchy with noise drawn ahead and made consistent (Wang et al., CCS 2021,
+App. C).
 
 A tree covers ``r`` released ticks and keeps ``L = h - s`` layers; layer ``j`` (0 = leaves) has nodes of
 ``b^(s+j)`` ticks and ``r / b^(s+j)`` nodes; the top layer has ``R = r / b^(h-1)`` nodes, each the root of its own
@@ -64,7 +65,7 @@ def exact_range_problem(bound_units: float, epsilon: float, fanout: int, height:
     of the grid). We require ``|S| <= 2^36``; the noise scale is at most ``B/res * h / eps <= 2^36`` (the sampler's
     range), so ``|c| >= 2^42`` has probability below ``exp(-64)`` per node. Within this range the coupled noise
     (node noise shifted along one leaf's path by that leaf's change) leaves every other leaf's rounded noise
-    unchanged in all our measurements (tests/test_grid_range.py).
+    unchanged in all our measurements (tests/operators/test_release_sum_exact_range.py).
     """
     leaf_units = bound_units * fanout ** (height - 1)
     if leaf_units > MAX_LEAF_UNITS:
@@ -174,7 +175,7 @@ class ConsistentNoise:
         return {"tree": self.tree, "leaf": self.leaf}
 
     def state_nbytes(self) -> int:
-        """Bytes of numeric state held between calls (the O(b h) path), as measured for the README."""
+        """Bytes of numeric state held between calls (the O(b h) path; docs/how-it-works.md)."""
         arrays = [self._top_z, *self._zc]
         return sum(x.nbytes for x in arrays if x is not None) + 8 * 3 * self.layers + 16
 

@@ -4,7 +4,7 @@ Every random number that protects privacy comes from here. A stream owns a 256-b
 addressed by a *domain* (what the noise is for, e.g. hierarchy layer ``j``) and an *address* (e.g. the tree
 index), and by the position of the sample inside that keystream. The same key and address always give the same
 noise, so re-running the same ticks reproduces the same releases bit for bit and a restart never spends privacy
-budget twice (``../shared/DESIGN.md``, "Noise and secrets").
+budget twice (docs/privacy.md).
 
 Samples are drawn in bulk (one cipher call per contiguous range) and turned into integers by vectorized numpy.
 
@@ -432,8 +432,8 @@ def _words_to_uniform(words: np.ndarray) -> np.ndarray:
 _SAMPLES_PER_CALL = 1 << 16  # bound the memory of one vectorized pass (8 words per sample)
 
 
-# up to this many blocks the compiled ChaCha20 beats OpenSSL's, whose set-up costs 12-20 us a call (measured on
-# 2026-11-26: 16 / 32 / 64 / 128 blocks 3.6 / 6.1 / 12.7-14.6 / 26 us compiled against 12.6 / 16 / 21-32 / 16-24 us)
+# up to this many blocks the compiled ChaCha20 is faster than OpenSSL's, whose set-up dominates a short call
+# (bench/bench_kernel.py compares the two)
 _SMALL_BLOCKS = 64
 
 
@@ -449,7 +449,7 @@ def _public_encryptor(key: bytes, nonce: bytes) -> Any:
 
 def _direct_encryptor() -> Any:
     """OpenSSL's ChaCha20 context made as ``Cipher(...).encryptor()`` makes it, without the checks it repeats each
-    call (about 15 of its 20 us: abstract-class checks of the key, nonce and mode, which our own key and nonce pass
+    call (most of its cost: abstract-class checks of the key, nonce and mode, which our own key and nonce pass
     by construction), or None where this ``cryptography`` does not build it that way: it must give the public path's
     bytes on RFC 8439's keystream vector and on a key of our own, else the public path is used."""
     try:
@@ -513,7 +513,7 @@ class KeyedGenerator:
         chacha = _kernel_state["chacha"] if nblocks <= _SMALL_BLOCKS else None
         if chacha is not None:  # the same words (operators/_chacha_kernel.py), without OpenSSL's cost per call
             kw = self.key_words()
-            # plain ints: typing an IntEnum (a Domain) costs numba's dispatcher about 25 us a call
+            # plain ints: numba's dispatcher types an IntEnum (a Domain) slowly, on every call
             out = chacha(kw, block0, int(domain), int(address) & 0xFFFFFFFF, int(address) >> 32,  # type: ignore[operator]
                          nblocks)
             return out[skip : skip + count] if skip or count != len(out) else out

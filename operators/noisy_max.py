@@ -1,10 +1,11 @@
 """Report-noisy-max with exponential noise, its noise drawn where it can matter: a few draws instead of one a candidate.
 
-Report-noisy-max (seed 001, Section 3.2, NM-E; :func:`operators.threshold.report_noisy_max`) adds independent
-``Exp(eps)`` noise ``E_k = -log(U_k) / eps`` to every candidate's score ``u_k`` and reports the index of the largest
-``u_k + E_k``: ``eps``-DP for scores of sensitivity 1 that move the same way (the holdout's counts). Drawing a uniform
-for each of 4,296 candidates (the exact grid at B = 5,000) reads 34 KB of keystream a holdout (about 30 us), though the
-winner is nearly always one of a few candidates: those with the largest noise, or those with the largest scores.
+Report-noisy-max (Wang et al., CCS 2021, Section 3.2, NM-E; :func:`operators.threshold.report_noisy_max`) adds
+independent ``Exp(eps)`` noise ``E_k = -log(U_k) / eps`` to every candidate's score ``u_k`` and reports the index of the
+largest ``u_k + E_k``: ``eps``-DP for scores of sensitivity 1 that move the same way (the holdout's counts). Drawing a
+uniform for each of 4,296 candidates (the exact grid at B = 5,000) reads 34 KB of keystream a holdout,
+though the winner is nearly always one of a few candidates: those with the largest noise, or those with the largest
+scores.
 
 The same distribution, drawn in two parts (the noises are independent, so any split of the candidates made before
 drawing keeps their joint law):
@@ -26,9 +27,7 @@ drawing keeps their joint law):
 
 The index is the one the full draw would report, with the same probability for every outcome (tested against the
 exact law). On the holdout's scores (holdouts of 3 to 150 meter readings at B = 5,000, eps 0.1 to 20) it reads 4 to
-11 words on average, at most 56; compiled, over 300 random holdouts of every scale and budget, 3.7 us a choice at the
-median and 49 us at most (the slowest: a few dozen candidates near the top of thousands, drawn one by one), against
-about 50 us for a word per candidate.
+11 words on average, at most 56 (the most: a few dozen candidates near the top of thousands, drawn one by one).
 
 Random words (``operators.noise``, the threshold's domain, address 4, read in order from word 0): a uniform from a
 word as everywhere here (its 53 high bits, ``(w >> 11 + 1/2) 2^-53``, never 0 or 1): the near candidates' first,

@@ -1,4 +1,4 @@
-"""Calibrated, private choice of the threshold theta, the smoothed layers s and the smoother's start (issue 12).
+"""Calibrated, private choice of the threshold theta, the smoothed layers s and the smoother's start.
 
 The paper picks theta by Eq. 6 (a score with a guessed constant c = 60 and log_b r levels) and s by Eq. 7 (a bias
 term ``b^(2s) theta^2 / 36`` that does not look at the data). This module replaces both with one error model whose
@@ -242,8 +242,8 @@ class BlockStats:
     of the current block, the previous block's sum and the sum of absolute differences (O(widths * caps) numbers).
 
     The three tables live in one int64 buffer (``partial``, ``prev`` and ``acc`` are views of it; ``acc`` holds
-    float64 values in its third plane), so that a holdout keeps two arrays here, not four (issue 13: about 250 bytes
-    of array headers a stream)."""
+    float64 values in its third plane), so that a holdout keeps two arrays here, not four (about 250 bytes of array
+    headers less a stream)."""
 
     __slots__ = ("_buf", "caps", "pairs", "pos", "widths")
 

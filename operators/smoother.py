@@ -1,4 +1,4 @@
-"""Smoothers (seed 001, Section 3.5 and Appendix D) and the per-tick release of a leaf's noisy sum.
+"""Smoothers (Wang et al., CCS 2021, Section 3.5 and Appendix D) and the per-tick release of a leaf's noisy sum.
 
 A leaf of the perturber covers ``w = b^s`` ticks. Inside leaf ``k`` every tick releases a prediction ``p_k`` made
 from the released sums ``u_0, ..., u_{k-1}`` of earlier leaves, with the prior ``u_0 = w theta / 2``:

@@ -1,4 +1,4 @@
-"""Threshold optimizer NM-E (seed 001, Section 3.3, Eq. 5-6) and the choice of smoother layers (Eq. 7).
+"""Threshold optimizer NM-E (Wang et al., CCS 2021, Section 3.3, Eq. 5-6) and the choice of smoother layers (Eq. 7).
 
 The holdout values are summarised by a histogram over the candidate thresholds (a sufficient statistic for
 ``m_theta``), so a stream in its holdout keeps one small integer array, not its raw values.
@@ -20,7 +20,7 @@ Only ``m_theta`` depends on the data; it has sensitivity 1 and moves all candida
 >>> hist = holdout_histogram(np.array([0, 1, 2, 2, 9, 10]), cands)
 >>> m_theta(hist).tolist()          # values > 1, > 2, ..., > 10
 [4, 2, 2, 2, 2, 2, 2, 2, 1, 0]
->>> smoother_layers(epsilon=0.05, query_range=2**20, fanout=16)   # DESIGN.md: 3 on POS at eps = 0.05
+>>> smoother_layers(epsilon=0.05, query_range=2**20, fanout=16)   # 3 on POS at eps = 0.05 (x* rounded)
 3
 """
 
@@ -46,7 +46,7 @@ __all__ = [
 C_SCORE = 60.0  # the constant c of Eq. 6
 _ALL_INTEGERS_UP_TO = 4096  # every grid point as a candidate while there are at most this many
 _GEOMETRIC_STEP = 1.001  # beyond that, candidates 0.1% apart
-# the compact grid (``holdout_grid = "compact"``, issue 13): a holdout's histogram in O(log B) cells
+# the compact grid (``holdout_grid = "compact"``): a holdout's histogram in O(log B) cells
 COMPACT_INTEGERS = 32  # every grid point up to the 32nd
 COMPACT_STEP = 1.03  # beyond that, candidates 3% apart (the calibrated choice's thetas are 5% apart)
 

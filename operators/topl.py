@@ -1,4 +1,5 @@
-"""ToPL (seed 001, Section 4): a whole local-DP stream simulated in one place, for ``tops replay --mode local``.
+"""ToPL (Wang et al., CCS 2021, Section 4): a whole local-DP stream simulated in one place, for ``tops replay --mode
+local``.
 
 Every tick is one device report. For the first ``m`` ticks (the holdout) the "device" clamps its reading to
 ``[0, B]`` and reports it with Square Wave at ``threshold_epsilon``; the server counts the reports, estimates the
@@ -65,7 +66,7 @@ _SNAPSHOT_VERSION = 2
 
 @dataclass(frozen=True, slots=True)
 class ToPLConfig:
-    """Parameters of one ToPL stream (seed 001, Section 4).
+    """Parameters of one ToPL stream (Wang et al., CCS 2021, Section 4).
 
     Parameters
     ----------

@@ -1,4 +1,5 @@
-"""The server half of ToPL (seed 001, Section 4) for the daemon's local mode: it only ever sees perturbed reports.
+"""The server half of ToPL (Wang et al., CCS 2021, Section 4) for the daemon's local mode: it only ever sees perturbed
+reports.
 
 Phase ``holdout`` (the device side calls it ``threshold``): the first ``m`` Square Wave reports (in reading units,
 ``y * B``) are counted over the SW report buckets; when ``m`` have arrived, theta is chosen exactly as

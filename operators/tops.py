@@ -1,4 +1,4 @@
-"""ToPS (seed 001, Algorithm 1): threshold optimizer on the holdout, truncation, perturber, smoother.
+"""ToPS (Wang et al., CCS 2021, Algorithm 1): threshold optimizer on the holdout, truncation, perturber, smoother.
 
 1. The first ``m`` ticks (the holdout) are never released; their quantized values go into a histogram over the
    candidate thresholds (and, for the calibrated selection, block statistics), and when the holdout is full theta
@@ -69,7 +69,7 @@ class ToPS:
     without any secret; ``ToPS.restore(config, key, snapshot)`` continues exactly where it left off.
     """
 
-    # no instance dict: a daemon holds one of these per stream in its holdout (issue 13)
+    # no instance dict: a daemon holds one of these per stream in its holdout
     __slots__ = ("_blocks", "_bound_units", "_candidates", "_gen", "_hist", "_noise", "_pending", "_smoother",
                  "clamped", "config", "smoother_layers", "start_units", "theta_units", "ticks")
 
@@ -376,9 +376,8 @@ class ToPS:
         or ``{"cells", "index", "count"}`` of its non-zero cells while it is sparse).
 
         ``stored``: as a state store keeps it (``stream.state.records``): without ``config`` (stored beside it) and
-        the histogram always as its non-zero cells, found by numpy: a holdout with a dense histogram (1,001 cells, 90
-        of them non-zero) is made and encoded in 42-65 us against 97-101 us with its list filtered in Python, for
-        each holdout a checkpoint writes."""
+        the histogram always as its non-zero cells, found by numpy (not by filtering the cells in Python: a checkpoint
+        writes every holdout)."""
         snap: dict[str, Any] = {"version": _SNAPSHOT_VERSION}
         if not stored:
             snap["config"] = self.config.to_dict()

@@ -1,4 +1,9 @@
-"""The ``tops`` command: one entry point, one subcommand per module (``add_arguments`` + ``main``)."""
+"""The ``tops`` command: one entry point, one subcommand per module (``add_arguments`` + ``main``).
+
+Exit codes, for every command: 0 when it did its work; 2 when it refused, with one line on stderr, whatever the cause
+(an argument, a parameter out of range, a configuration or an input file: :mod:`stream.commands.failure`); 130 on
+Ctrl-C. A traceback is a bug.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("stream.commands.simulate", "a synthetic smart-meter feed for demos and tests"),
     "state": (
         "stream.commands.state_cmd",
-        "read-only: streams, phase, ticks released, theta, eps from the state store",
+        "streams, phase, ticks released, theta, eps from the state store (read-only); `state retire NAME...` "
+        "retires streams for good (writes; the daemon stopped)",
     ),
     "compare": (
         "stream.commands.compare",
@@ -32,11 +38,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "compare-categorical": (
         "stream.commands.compare_categorical",
-        "frequency oracles and central histograms on the commuting stand-in (seed 004's experiments): CSV",
+        "frequency oracles and central histograms on the commuting stand-in (Finnegan's experiments): CSV",
     ),
     "compare-ranges": (
         "stream.commands.compare_ranges",
-        "range counting and count-of-counts as seeds 000 and 002 measure them (the thesis's flawed variants labelled)",
+        "range counting and count-of-counts as Friis and Kuo et al. measure them (the thesis's flawed ones labelled)",
     ),
     "cluster": (
         "stream.commands.cluster_cmd",
@@ -80,10 +86,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+_TOP_OPTIONS = ("-h", "--help", "--version")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
+    parser = build_parser(command if command in COMMANDS else None)
+    before = argv if command is None else argv[: argv.index(command)]
+    unknown = [a for a in before if a not in _TOP_OPTIONS]
+    if unknown:  # options of no command: argparse would first say that a command or its arguments are required
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args = parser.parse_args(argv)
     try:
         return int(args._main(args) or 0)
     except KeyboardInterrupt:

@@ -1,8 +1,9 @@
 """A flood publisher for tests and bench/: raw MQTT 3.1.1 QoS 0 PUBLISH packets written as fast as the socket takes
 them (no client library in the way), for a given time; prints the number of messages written as JSON.
 
-Run: ``python -m tests.flood --port P --seconds S [--topics meters/f0/reading,...] [--rate N]``. Every message
-written before DISCONNECT reaches the broker (TCP); QoS 0, so nothing is acknowledged.
+Run: ``python -m tests.flood --port P --seconds S [--topics meters/f0/reading,...] [--rate N] [--username U
+--password-file F]``. Every message written before DISCONNECT reaches the broker (TCP); QoS 0, so nothing is
+acknowledged.
 """
 
 from __future__ import annotations
@@ -31,8 +32,14 @@ def _str(s: bytes) -> bytes:
     return struct.pack("!H", len(s)) + s
 
 
-def connect_packet(client_id: str, keepalive: int = 60) -> bytes:
-    body = _str(b"MQTT") + bytes([4, 0x02]) + struct.pack("!H", keepalive) + _str(client_id.encode())
+def connect_packet(client_id: str, keepalive: int = 60, username: str = "", password: str = "") -> bytes:
+    """MQTT 3.1.1 CONNECT, clean session; with a user name (and its password) when given."""
+    flags = 0x02 | (0x80 if username else 0) | (0x40 if username and password else 0)
+    body = _str(b"MQTT") + bytes([4, flags]) + struct.pack("!H", keepalive) + _str(client_id.encode())
+    if username:
+        body += _str(username.encode())
+        if password:
+            body += _str(password.encode())
     return packet(0x10, body)
 
 
@@ -40,10 +47,12 @@ def publish_packet(topic: str, payload: bytes) -> bytes:
     return packet(0x30, _str(topic.encode()) + payload)  # QoS 0, no packet id
 
 
-def flood(port: int, seconds: float, topics: list[str], rate: float = 0.0, host: str = "127.0.0.1") -> int:
-    """Write QoS 0 publishes for ``seconds`` (at most ``rate`` per second when > 0); returns how many were written."""
+def flood(port: int, seconds: float, topics: list[str], rate: float = 0.0, host: str = "127.0.0.1",
+          username: str = "", password: str = "", payload: bytes = b"") -> int:
+    """Write QoS 0 publishes for ``seconds`` (at most ``rate`` per second when > 0); returns how many were written.
+    ``payload``: every message's payload (default: the digits "1".."9" in turn)."""
     sock = socket.create_connection((host, port))
-    sock.sendall(connect_packet(f"flood-{time.monotonic_ns()}"))
+    sock.sendall(connect_packet(f"flood-{time.monotonic_ns()}", username=username, password=password))
     ack = b""
     while len(ack) < 4:
         ack += sock.recv(4 - len(ack))
@@ -52,7 +61,8 @@ def flood(port: int, seconds: float, topics: list[str], rate: float = 0.0, host:
         raise RuntimeError(msg)
     # One chunk: 1,000 messages cycling through the topics, payloads "1".."9" (a sum is easy to check).
     per_chunk = 1000
-    chunk = b"".join(publish_packet(topics[i % len(topics)], str(1 + i % 9).encode()) for i in range(per_chunk))
+    chunk = b"".join(publish_packet(topics[i % len(topics)], payload or str(1 + i % 9).encode())
+                     for i in range(per_chunk))
     sent = 0
     t0 = time.monotonic()
     end = t0 + seconds
@@ -79,9 +89,17 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--topics", default="meters/flood/reading")
     p.add_argument("--rate", type=float, default=0.0, help="messages per second (0: as fast as possible)")
+    p.add_argument("--username", default="", help="MQTT user name (empty: anonymous)")
+    p.add_argument("--password-file", default="", help="file whose first line is the user's password")
+    p.add_argument("--payload", default="", help="every message's payload (default: the digits 1-9 in turn)")
     a = p.parse_args()
+    password = ""
+    if a.password_file:
+        with open(a.password_file) as f:
+            password = f.readline().rstrip("\n")
     t0 = time.monotonic()
-    n = flood(a.port, a.seconds, a.topics.split(","), a.rate)
+    n = flood(a.port, a.seconds, a.topics.split(","), a.rate, username=a.username, password=password,
+              payload=a.payload.encode())
     print(json.dumps({"sent": n, "seconds": round(time.monotonic() - t0, 3)}))
 
 

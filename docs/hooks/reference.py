@@ -7,7 +7,7 @@ the fields of ``operators.ToPSConfig`` documented by ``TEMPLATE_DOCS``); ``docs/
 table made from the schema or the argparse parser. A section or command without a marker, or a marker that names
 none, stops the build with the reason, so the reference cannot fall behind the code.
 
-Registered in ``mkdocs.yml`` (``hooks:``). ``config_page`` is also run by ``tests/test_daemon_units.py``.
+Registered in ``mkdocs.yml`` (``hooks:``). ``config_page`` is also run by ``tests/core/test_config.py``.
 """
 
 from __future__ import annotations
@@ -139,25 +139,11 @@ def config_page(markdown: str) -> str:
 
 
 # -- the command-line reference ----------------------------------------------------------------------------------
-SEED = re.compile(r"\bseeds? (\d{3})(?: and (\d{3}))?")
-
-
-def _link_seeds(text: str) -> str:
-    """'seed 004' in a help text becomes a link to that source text on the references page."""
-    def link(m: re.Match[str]) -> str:
-        first = f"[{m.group(1)}](references.md#seed-{m.group(1)})"
-        if m.group(2):
-            return f"seeds {first} and [{m.group(2)}](references.md#seed-{m.group(2)})"
-        return f"seed {first}"
-
-    return SEED.sub(link, text)
-
-
 def _help(action: argparse.Action) -> str:
     text = action.help or ""
     if "%(" in text:
         text = text % {"default": action.default, "prog": "", "dest": action.dest}
-    return _link_seeds(cell(text))
+    return cell(text)
 
 
 def _option(action: argparse.Action) -> str:
@@ -184,7 +170,7 @@ def render_command(name: str) -> str:
     p = sub.choices[name]
     fmt = argparse.HelpFormatter(prog=p.prog, width=100)
     fmt.add_usage(p.usage, p._actions, p._mutually_exclusive_groups, prefix="")
-    summary = _link_seeds(cell(COMMANDS[name][1]))
+    summary = cell(COMMANDS[name][1])
     out = [summary[:1].upper() + summary[1:] + ".", "", "```text", fmt.format_help().strip(), "```"]
     for group in p._action_groups:
         actions = [a for a in group._group_actions if not isinstance(a, argparse._HelpAction)]
@@ -201,7 +187,7 @@ def render_index() -> str:
     from stream.cli import COMMANDS
 
     rows = ["| command | what it does |", "|---|---|"]
-    rows += [f"| [`tops {name}`](#tops-{name}) | {_link_seeds(cell(help_text))} |"
+    rows += [f"| [`tops {name}`](#tops-{name}) | {cell(help_text)} |"
              for name, (_, help_text) in COMMANDS.items()]
     return "\n".join(rows)
 

@@ -6,7 +6,7 @@ Operators whose ``answers_from_nodes`` is true answer range queries from tree no
 
 | name | threshold phase | stream phase | paper |
 |---|---|---|---|
-| tops | calibrated (operators.selection) | consistent 16-ary + Recent smoother (Ĥ16c) | ToPS, issue 12 |
+| tops | calibrated (operators.selection) | consistent 16-ary + Recent smoother (Ĥ16c) | ToPS, calibrated |
 | tops-paper | NM-E (Eq. 6), s by Eq. 7 | the same | ToPS as published |
 | pak | S-PAK | binary tree, answers from nodes (H2) | PAK, Fig. 3 |
 | nm-e | NM-E | H2 | "NM-E", Fig. 3 |

@@ -3,7 +3,7 @@
 Trees of ``T = 2^k >= r`` ticks (``k = ceil(log2 r)``); node ``(level l, index i)`` of a tree covers ticks
 ``[i 2^l, (i + 1) 2^l)``, levels ``0..k`` (the root included), so every tick is in exactly ``L = k + 1`` nodes and
 each node gets integer discrete Laplace noise at ``eps / L`` (sensitivity theta): eps-DP at event level. This is the
-scale the seed-000 thesis describes but does not implement (``../shared/notes/seed-000-002-range-counting.md``, A3).
+scale Friis's thesis (2021) describes but does not implement.
 
 After ``c`` ticks of a tree the counter's noisy prefix is the sum of the ``popcount(c)`` nodes of the dyadic
 decomposition of ``[0, c)`` (node ``(l, (c >> l) - 1)`` for every bit ``l`` of ``c``), so its noise variance is

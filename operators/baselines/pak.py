@@ -1,4 +1,4 @@
-"""PAK (Perrier et al.) and its thresholds S-P and S-PAK as two-phase baselines (seed 001, Appendices A-B).
+"""PAK (Perrier et al.) and its thresholds S-P and S-PAK as two-phase baselines (Wang et al., CCS 2021, Appendices A-B).
 
 The threshold step is :mod:`operators.baselines.smooth_sensitivity`; here it is paired with the stream phase of the
 paper's comparison (H2 for PAK, the consistent hierarchy with a smoother for S-P and S-PAK).

@@ -1,4 +1,5 @@
-"""Smooth-sensitivity percentile thresholds S-P and S-PAK of PAK (Perrier et al.; seed 001, Appendices A-B).
+"""Smooth-sensitivity percentile thresholds S-P and S-PAK of PAK (Perrier et al.; Wang et al., CCS 2021, Appendices
+A-B).
 
 Smooth sensitivity of the empirical p-quantile (Appendix B; Nissim et al.'s median formula at rank P)::
 

@@ -1,4 +1,4 @@
-"""Categorical streams: LDP frequency oracles, their post-processing, and central histograms (seed 004).
+"""Categorical streams: LDP frequency oracles, their post-processing, and central histograms (Finnegan, thesis 2024).
 
 Local (each device randomizes its own category; the server only sees reports):
 

@@ -1,4 +1,5 @@
-"""Shared parts of the frequency oracles: checks, the pure-protocol estimator and its variance (seed 004, Thm 1-2).
+"""Shared parts of the frequency oracles: checks, the pure-protocol estimator and its variance (Finnegan, thesis 2024,
+Thm 1-2).
 
 A *pure* protocol (Wang, Blocki, Li, Jha 2017) has a support set per report such that a user holding ``y`` supports
 ``y`` with probability ``p*`` and a user holding any other value supports ``y`` with probability ``q*``. With

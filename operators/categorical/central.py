@@ -1,4 +1,5 @@
-"""Central histograms: the discrete Laplace histogram and the stability histogram (seed 004 sections 2.1-2.2).
+"""Central histograms: the discrete Laplace histogram and the stability histogram (Finnegan, thesis 2024, sections
+2.1-2.2).
 
 Neighbouring datasets, in counts (each user holds one category):
 

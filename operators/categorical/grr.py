@@ -1,9 +1,9 @@
-"""Generalised randomized response (GRR, "direct encoding"; seed 004 section 3.1, Warner 1965).
+"""Generalised randomized response (GRR, "direct encoding"; Finnegan, thesis 2024, section 3.1; Warner 1965).
 
 Device: report the true category with probability ``p = e^eps / (e^eps + d - 1)``, else one of the ``d - 1`` others
 uniformly (each with ``q = 1 / (e^eps + d - 1)``), so ``p / q = e^eps``. Server: ``C_y`` = reports equal to ``y``;
 ``p* = p``, ``q* = q`` (pure protocol), so ``c_hat = (C - n q) / (p - q)`` and
-``Var*/n = (d - 2 + e^eps) / (e^eps - 1)^2``, f-term ``(d - 2) / (e^eps - 1)`` (seed 004, table 12.1). The estimates
+``Var*/n = (d - 2 + e^eps) / (e^eps - 1)^2``, f-term ``(d - 2) / (e^eps - 1)`` (Finnegan, table 12.1). The estimates
 sum to ``n`` exactly (``1 - d q = p - q``); they can be negative or above ``n`` (the thesis's "[0, 1]" claim is
 false, erratum 7).
 

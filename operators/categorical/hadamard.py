@@ -1,15 +1,15 @@
 """The one-bit Hadamard mechanism (HM) and Hadamard Response (HR), decoded by the fast Walsh-Hadamard transform.
 
 Sylvester matrix ``H_K`` (``K = 2^m``): ``H[i, j] = (-1)^popcount(i & j)``, entries +-1, ``H H^T = K I``; row 0 is all
-ones and every other row sums to 0. The FWHT computes ``H v`` in ``O(K log K)`` (seed 004 section 3.4; the thesis's
-``O(m log m)`` is erratum 10).
+ones and every other row sums to 0. The FWHT computes ``H v`` in ``O(K log K)`` (Finnegan, thesis 2024, section 3.4; the
+thesis's ``O(m log m)`` is erratum 10).
 
 **HM** (Bassily et al. 2017; the mechanism the thesis analyses): category ``x`` owns row ``x + 1`` of ``H_K``,
 ``K = 2^ceil(log2(d + 1))`` (no hash: the transform is cheap up to ``2^26`` cells). A device picks a column ``l``
 uniformly and sends ``(l, s H[x + 1, l])`` where ``s = +1`` with ``p = e^eps / (e^eps + 1)``, else -1 (two inputs give
 the same ``l`` and their bits differ in law by ``p / (1 - p) = e^eps``). Server: ``T[l]`` = sum of the bits sent at
 ``l``; ``c_hat_y = (e^eps + 1) / (e^eps - 1) (H T)[y + 1]``, unbiased, ``Var = n ((e^eps + 1) / (e^eps - 1))^2 - c_y``
-(``p* = e^eps / (e^eps + 1)``, ``q* = 1/2``, f-term coefficient -1; seed 004 table 12.1).
+(``p* = e^eps / (e^eps + 1)``, ``q* = 1/2``, f-term coefficient -1; Finnegan, table 12.1).
 
 **HR** (Acharya, Sun, Zhang 2019, the general-privacy form): the domain is cut into ``B`` blocks of ``b - 1``
 categories (``b = 2^j``); category ``x`` in block ``beta`` owns row ``i = x mod (b - 1) + 1`` of ``H_b`` and the set

@@ -1,4 +1,5 @@
-"""Optimized local hashing (OLH; seed 004 section 3.3, Wang et al. 2017) with an exactly pairwise-independent hash.
+"""Optimized local hashing (OLH; Finnegan, thesis 2024, section 3.3; Wang et al. 2017) with an exactly
+pairwise-independent hash.
 
 Device: draw a hash ``H`` from the family, hash the category into ``[g]``, report ``(H, GRR_g(H(x)))`` with
 ``p = e^eps / (e^eps + g - 1)`` on the true bucket (GRR on ``[g]`` is what makes it eps-LDP: the ratio of any two

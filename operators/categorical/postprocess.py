@@ -1,4 +1,5 @@
-"""Post-processing of estimated counts (seed 004 section 4; Wang, Lopuhaa-Zwakenberg, Li, Skoric, Li 2019).
+"""Post-processing of estimated counts (Finnegan, thesis 2024, section 4; Wang, Lopuhaa-Zwakenberg, Li, Skoric, Li
+2019).
 
 All of them read only the released estimates and the public number of users ``n``, so they cost no privacy. What
 each one does to the bias of a cell ``y`` with true count ``c_y``:

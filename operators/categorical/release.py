@@ -1,4 +1,4 @@
-"""A categorical stream released per period (seed 004): one private histogram per tick, central or local.
+"""A categorical stream released per period (Finnegan, thesis 2024): one private histogram per tick, central or local.
 
 A *categorical stream* is one quantity many devices report a category of (the region a vehicle is in, an appliance
 state). Time is cut into periods; each period is one tick, and at its end the stream releases one estimated
@@ -6,7 +6,7 @@ histogram over the ``d`` categories ``0 .. d - 1``:
 
 * ``laplace`` (central, the server holds the raw categories of the period): the period's counts plus exact discrete
   Laplace noise of scale ``Delta / eps`` on every cell (:func:`~operators.categorical.central.laplace_histogram`,
-  seed 004 section 2.1), the noise addressed by the tick, so a replay gives the same bits;
+  Finnegan, section 2.1), the noise addressed by the tick, so a replay gives the same bits;
 * ``stability`` (central, huge sparse domains): noise on the non-empty cells only, released when at least
   ``tau = (Delta / eps) ln(2 / delta) + 1`` (:func:`~operators.categorical.central.stability_histogram`, section 2.2;
   ``(eps, delta)``-DP);
@@ -14,12 +14,12 @@ histogram over the ``d`` categories ``0 .. d - 1``:
   or Hadamard Response (``tops device``); the server tallies the period's reports and applies the unbiased estimator
   (Theorem 2 of section 3.1, and section 3.5). The two mechanisms whose report is one number; OUE and OLH reports
   are a bit vector and a hash seed plus a bucket, which the daemon's one-number journal does not carry (Hadamard
-  Response's variance is within 1.13-1.41x of OUE's, measured in the README).
+  Response's variance is within 1.13-1.41x of OUE's, measured in docs/categorical.md).
 
 Range sums of one category (central only): each category named in ``counters`` also feeds its true count per
-period, as one tick, into its own ToPS stream (:class:`operators.tops.ToPS`, seed 001 Algorithm 1, keyed by a PRF of
-the stream key and the category), and the release carries that stream's value (``None`` during its holdout), so
-``tops query`` style range sums over many periods stay accurate where summing noisy histograms would add up noise.
+period, as one tick, into its own ToPS stream (:class:`operators.tops.ToPS`, Wang et al., CCS 2021, Algorithm 1, keyed
+by a PRF of the stream key and the category), and the release carries that stream's value (``None`` during its holdout),
+so ``tops query`` style range sums over many periods stay accurate where summing noisy histograms would add up noise.
 ``counter.epsilon`` is the budget of all the counters together, per report. A report is in exactly one category, so
 under add-remove neighbours it moves one counter's count by 1 (parallel composition: each counter runs at
 ``counter.epsilon``); under substitute neighbours it can move two counters' counts by 1 each (one down, one up), so

@@ -1,4 +1,5 @@
-"""Unary encoding: optimized (OUE) and symmetric (SUE, basic RAPPOR) (seed 004 section 3.2; Wang et al. 2017).
+"""Unary encoding: optimized (OUE) and symmetric (SUE, basic RAPPOR) (Finnegan, thesis 2024, section 3.2; Wang et al.
+2017).
 
 Device: one-hot ``B`` of the category, every bit reported independently: a 1 stays 1 with probability ``p``, a 0
 becomes 1 with probability ``q``; ``p (1 - q) / (q (1 - p)) = e^eps`` (the only pair of inputs that differ are two

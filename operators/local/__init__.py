@@ -1,4 +1,5 @@
-"""Local-DP randomizers and estimators of ToPL (seed 001, Section 4, Appendix E): SR, PM, HM and Square Wave.
+"""Local-DP randomizers and estimators of ToPL (Wang et al., CCS 2021, Section 4, Appendix E): SR, PM, HM and Square
+Wave.
 
 Every randomizer is a pure, vectorized function of the values and explicit uniforms in (0, 1) (drawn by the caller
 from :class:`operators.noise.KeyedGenerator` under ``Domain.LOCAL``), so it is deterministic and testable:

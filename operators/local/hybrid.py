@@ -1,4 +1,4 @@
-"""Hybrid mechanism (HM; Wang et al., ICDE 2019), the ToPL perturber (seed 001, Section 4.2, Eq. 22).
+"""Hybrid mechanism (HM; Wang et al., ICDE 2019), the ToPL perturber (Wang et al., CCS 2021, Section 4.2, Eq. 22).
 
 With ``alpha = 1 - e^(-eps/2)`` when ``eps > 0.61`` and ``alpha = 0`` otherwise, a device reports with the
 Piecewise mechanism with probability ``alpha`` and with Stochastic Rounding otherwise, both at the full ``eps``
@@ -48,7 +48,7 @@ __all__ = [
     "hybrid_worst_case_variance",
 ]
 
-HYBRID_PM_THRESHOLD = 0.61  # eps above which HM mixes in PM (Wang et al.; seed 001, Appendix E.2)
+HYBRID_PM_THRESHOLD = 0.61  # eps above which HM mixes in PM (Wang et al., CCS 2021, Appendix E.2)
 
 
 def hybrid_alpha(epsilon: float) -> float:

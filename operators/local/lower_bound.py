@@ -1,6 +1,6 @@
-"""How close to the best theta any eps-LDP threshold phase can be: Le Cam's two-point bound (issue 17).
+"""How close to the best theta any eps-LDP threshold phase can be: Le Cam's two-point bound.
 
-Eq. 8 scores a threshold on a stream whose readings have distribution ``P`` (seed 001, Section 4.1)::
+Eq. 8 scores a threshold on a stream whose readings have distribution ``P`` (Wang et al., CCS 2021, Section 4.1)::
 
     E_P(theta) = r/3 * theta^2/4 * V(eps) + r^2/6 * bias_P(theta)^2,    bias_P(theta) = E_P[(x - theta)+]
 

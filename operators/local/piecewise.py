@@ -1,4 +1,4 @@
-"""Piecewise mechanism (PM; Wang et al., ICDE 2019), eps-LDP mean estimation on [-1, 1] (seed 001, Eq. 19).
+"""Piecewise mechanism (PM; Wang et al., ICDE 2019), eps-LDP mean estimation on [-1, 1] (Wang et al., CCS 2021, Eq. 19).
 
 For a unit-scale input ``x`` in ``[-1, 1]`` the output ``y`` lies in ``[-C, C]`` with ``C = (e^(eps/2) + 1) /
 (e^(eps/2) - 1)``; its density is ``p`` on the piece ``[l(x), r(x)]`` and ``q = p / e^eps`` elsewhere (Eq. 19)::

@@ -17,7 +17,7 @@ What the reference does, read from its code (MIT license):
   Stochastic Rounding (SR), of the reading truncated to theta. The reference's ``pm()`` reuses the name of the
   domain's lower bound inside its sampling loop, so every report is mapped back with the last sample's piece bound:
   worse than answering 0. Here PM is :func:`operators.local.piecewise.piecewise_report` (unbiased), i.e. the bug
-  fixed, as issue 17 asks.
+  fixed.
 
 Uniforms come from the stream key (Domain.LOCAL, SW at address 1 like ToPL, the stream phase at address 3), so a
 run is reproducible. This is a baseline, not a mechanism offered for deployment (it is eps-LDP like ToPL, for the

@@ -1,4 +1,4 @@
-"""The threshold phase of local mode in rounds that zoom in on the data (issue 17).
+"""The threshold phase of local mode in rounds that zoom in on the data.
 
 Square Wave's window is ``b B`` wide on each side of a reading (b from Eq. 16: 0.26 at eps 1, 0.45 at eps 0.2)
 whatever the data, so when the public bound B dwarfs the readings every report is mostly noise and EM puts mass far

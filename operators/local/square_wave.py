@@ -1,4 +1,5 @@
-"""Square Wave (SW; Li et al., SIGMOD 2020), eps-LDP density estimation, as ToPL's threshold step (seed 001, Eq. 16).
+"""Square Wave (SW; Li et al., SIGMOD 2020), eps-LDP density estimation, as ToPL's threshold step (Wang et al., CCS
+2021, Eq. 16).
 
 Device side: a reading is clamped to ``[0, B]`` and mapped to ``x = v / B`` in ``[0, 1]``; the report ``y`` lies in
 ``[-b, 1 + b]`` with density ``p`` within ``b`` of ``x`` and ``q`` elsewhere (Eq. 16)::

@@ -1,4 +1,4 @@
-"""Stochastic Rounding (SR; Duchi et al.), eps-LDP mean estimation on [-1, 1] (seed 001, Appendix E.2).
+"""Stochastic Rounding (SR; Duchi et al.), eps-LDP mean estimation on [-1, 1] (Wang et al., CCS 2021, Appendix E.2).
 
 A unit-scale input ``x`` in ``[-1, 1]`` is rounded to +-1 with ``P(+1) = 1/2 + x/2`` and the bit goes through
 binary randomized response with ``p = e^eps / (e^eps + 1)``. Folding both steps together::

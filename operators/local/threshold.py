@@ -1,4 +1,5 @@
-"""The ToPL threshold: minimize the range-query error of Eq. 8 over 1024 candidates (seed 001, Section 4.1).
+"""The ToPL threshold: minimize the range-query error of Eq. 8 over 1024 candidates (Wang et al., CCS 2021, Section
+4.1).
 
 With ``f`` the SW-W density estimate over ``K`` equal buckets of ``[0, B]`` (bucket ``i`` represented by its
 centre ``t_i = (i + 1/2) B / K``) and the candidates ``theta_k = (k + 1) B / K``, the estimated mean squared error
@@ -8,7 +9,7 @@ mechanism at the stream budget ``eps`` is (Eq. 8)::
     E(theta) = r/3 * Var(theta) + r^2/6 * ( sum_{t_i > theta} f_i (t_i - theta) )^2,
     Var(theta) = theta^2 / 4 * V_HM(eps)                         (Eq. 22 on [-1, 1], mapped to [0, theta])
 
-``r/3`` is the average number of ticks in a random range and ``r^2/6`` the average squared range length (DESIGN.md
+``r/3`` is the average number of ticks in a random range and ``r^2/6`` the average squared range length (an
 erratum: the paper's text also says ``r^2/24``, a typo; the average of ``j^2`` over random ranges is about
 ``r^2/6``). The noise term uses the variance of an estimate of a reading in ``[0, theta]``: the unit-scale
 variance of Eq. 22 times ``(theta/2)^2`` (the reference code multiplies by ``theta^2``, which overstates noise

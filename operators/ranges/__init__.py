@@ -1,5 +1,5 @@
-"""Range counting over a value domain (seed 000): the b-ary tree and range decomposition, central flat and tree
-histograms with consistency, local flat and hierarchical histograms over frequency oracles, their exact range
+"""Range counting over a value domain (Friis, thesis 2021): the b-ary tree and range decomposition, central flat and
+tree histograms with consistency, local flat and hierarchical histograms over frequency oracles, their exact range
 variances and the rules for when the tree beats flat."""
 
 from operators.ranges.central import (

@@ -1,4 +1,5 @@
-"""Central range counting over a value domain, one period at a time (seed 000, sections 7.1-7.2; errata fixed).
+"""Central range counting over a value domain, one period at a time (Friis, thesis 2021, sections 7.1-7.2; errata
+fixed).
 
 The server holds the period's readings, bucketed into ``d`` cells; neighbours add or remove one reading.
 

@@ -1,4 +1,5 @@
-"""A b-ary tree over a value domain and the decomposition of a range into its nodes (seed 000, sections 7.2 and 9.4).
+"""A b-ary tree over a value domain and the decomposition of a range into its nodes (Friis, thesis 2021, sections 7.2
+and 9.4).
 
 The domain ``0 .. d - 1`` is padded to ``b^h`` leaves, ``h = ceil(log_b d)`` computed on integers (the thesis's float
 formula gives 4 for d = 125, b = 5 instead of 3). Level ``j`` (0 = the leaves, ``h`` = the root) has ``b^(h - j)``

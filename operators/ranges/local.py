@@ -1,4 +1,4 @@
-"""Local range counting over a value domain (seed 000, sections 8.2-8.3; its oracle replaced by proper ones).
+"""Local range counting over a value domain (Friis, thesis 2021, sections 8.2-8.3; its oracle replaced by proper ones).
 
 Every device holds one bucket ``v`` of ``0 .. d - 1`` and reports once, eps-LDP; the server never sees ``v``.
 

@@ -1,4 +1,4 @@
-"""A range-counting stream released per period (seed 000): readings bucketed over a value domain, one private
+"""A range-counting stream released per period (Friis, thesis 2021): readings bucketed over a value domain, one private
 histogram per period from which any range of buckets is answered.
 
 A reading ``v`` falls in bucket ``floor((v - lower) / width)``, clamped to ``0 .. buckets - 1`` (clamped readings are
@@ -9,10 +9,10 @@ buckets, which for the consistent tree equals the sum over the range's decomposi
 takes the tree when its mean variance over ranges of 1, d/8, d/4, d/2 and d buckets is below flat's
 (:func:`operators.ranges.central.prefer_tree`).
 
-Local mode (``local=True``, seed 000 sections 8.2-8.3): the devices bucket their own readings and send one-number
-reports (:class:`operators.ranges.local.ReportLayout`: flat, or one uniformly chosen level of the tree, through GRR or
-Hadamard Response); the server tallies the report values per period and releases per-level unbiased estimates
-(``counts`` for flat, ``levels`` for the tree; a range is answered from its decomposition). Every report is
+Local mode (``local=True``, Friis, thesis 2021, sections 8.2-8.3): the devices bucket their own readings and send
+one-number reports (:class:`operators.ranges.local.ReportLayout`: flat, or one uniformly chosen level of the tree,
+through GRR or Hadamard Response); the server tallies the report values per period and releases per-level unbiased
+estimates (``counts`` for flat, ``levels`` for the tree; a range is answered from its decomposition). Every report is
 eps-LDP on the device; the server holds no key.
 
 Privacy (central): one reading per period is the unit; neighbouring periods add or remove one reading, each period's

@@ -1,4 +1,4 @@
-"""A synthetic stand-in for the thesis's commuting data (seed 004 section 5), reproducible from a seed.
+"""A synthetic stand-in for the commuting data of Finnegan's thesis (2024, section 5), reproducible from a seed.
 
 Same shape as POWSCAR 2016 as the thesis uses it: n = 2,750,238 users, one commute each; 3,130 electoral divisions
 (3,126 places of residence plus 4 destination-only places: Northern Ireland, overseas, no fixed place, from home) in

@@ -16,7 +16,7 @@ Presets (``--figure``; explicit options override them):
 Keys are derived from ``--seed`` and the repetition (``sha256``), so a run is reproducible; query positions come from
 numpy's generator seeded the same way (they are not privacy noise).
 
-Two reference rows (issue 12): ``tops-paper`` is ToPS with the paper's selection (Eq. 6 for theta, Eq. 7 for s), and
+Two reference rows: ``tops-paper`` is ToPS with the paper's selection (Eq. 6 for theta, Eq. 7 for s), and
 ``hindsight`` is ToPS at the best *fixed* (theta, s) found by a grid search on the truth (:mod:`operators.hindsight`):
 NOT private, a yardstick only. Besides the MSE of ranges of uniform length in [1, r] (the paper's Eq. 9), every row
 reports the MSE by range length class (1-60, 61-1,440, 1,441-43,200 ticks and longer: a minute, a day and a month of
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from operators.baselines import METHODS
 from operators.config import ConfigError, ToPSConfig
 from operators.hindsight import DeterministicErrors
 from operators.tops import ToPS
+from stream.commands.failure import refuse
 from stream.commands.inputs import InputError, read_stream
 from stream.commands.progress import progress
 from stream.commands.scoring import (
@@ -258,11 +258,9 @@ def main(args: argparse.Namespace) -> int:
             title = f"{Path(args.data).stem}: {preset.get('title', 'range-query MSE')}"
             plot(out_dir / f"{stem}.png", results, x_threshold=x_threshold, title=title, labels=labels)
     except (ConfigError, InputError) as exc:
-        print(f"tops compare: error: {exc}", file=sys.stderr)
-        return 2
+        return refuse("compare", exc)
     except OSError as exc:
-        print(f"tops compare: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
-        return 2
+        return refuse("compare", f"{exc.strerror or exc}: {exc.filename or ''}")
     elapsed = time.perf_counter() - t0
     print(f"{len(methods)} methods x {len(grid)} points x {args.repetitions} repetitions, {elapsed:.1f} s")
     header = "epsilon" if not x_threshold else "thr_eps"

@@ -1,4 +1,4 @@
-"""``tops compare-categorical``: the thesis's experiments (seed 004 section 5) on the synthetic stand-in.
+"""``tops compare-categorical``: the experiments of Finnegan's thesis (2024, section 5) on the synthetic stand-in.
 
 For each method, level (county: 1,085 cells; od: 9,796,900 cells) and eps: simulate every user's device (the
 keyed generator, one key per repetition), decode on the server, post-process (Base-Pro by default, as the thesis

@@ -1,6 +1,6 @@
 """``tops compare DATA --mode local``: ToPL against the authors' reference, always-zero and the true density's theta.
 
-The protocol of issue 17's table: the stream extended to m + r ticks, both phases at the same eps (unless
+The protocol: the stream extended to m + r ticks, both phases at the same eps (unless
 ``--threshold-eps``), every repetition its own key, the same random ranges of uniform length in [1, r] over the
 released ticks for every method (Eq. 9), and the MSE by range length class as in the central comparison. Rows:
 

@@ -1,4 +1,5 @@
-"""``tops compare-ranges``: seed 000's range-counting experiments and seed 002's count-of-counts comparison.
+"""``tops compare-ranges``: the range-counting experiments of Friis (thesis 2021) and the count-of-counts comparison of
+Kuo et al. (PVLDB 2018).
 
 Contract::
 
@@ -17,7 +18,8 @@ Experiments (sections of the thesis):
   {256, 512, 2048}, b = 4, central flat against the trees;
 * ``length`` (10.3): the central flat histogram against its closed form, the lengths of Table 1;
 * ``local`` (10.5 / 10.6): local flat, local tree (user splitting) and the thesis's local flat;
-* ``coco`` (seed 002, Tables 3-4): per-node least squares ("naive" with PAV), the consistent top-down release, and
+* ``coco`` (Kuo et al., PVLDB 2018, Tables 3-4): per-node least squares ("naive" with PAV), the consistent top-down
+release, and
   bottom-up aggregation of the leaves' estimates, earth mover's distance per level, on the synthetic hierarchy of
   ``bench/bench_ranges.py`` (1 root, 5 states, 50 counties of 500 households).
 
@@ -188,7 +190,7 @@ def _measure(experiment: str, methods: list[str], settings: list[tuple[int, int]
 
 
 def _coco(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Seed 002: EMD per level of naive (per-node least squares), consistent top-down, and bottom-up."""
+    """Kuo et al.: EMD per level of naive (per-node least squares), consistent top-down, and bottom-up."""
     rng = np.random.default_rng(args.seed)
     children: dict[str, list[str]] = {"root": [f"s{i}" for i in range(5)]}
     groups: dict[str, list[int]] = {}

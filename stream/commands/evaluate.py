@@ -10,13 +10,13 @@ released ticks only.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from operators.evaluation import interval_means, range_query_errors, summarize
-from stream.commands.inputs import InputError, read_stream
+from stream.commands.failure import refuse
+from stream.commands.inputs import InputError, load_npy, read_stream
 from stream.commands.progress import progress
 
 __all__ = ["add_arguments", "evaluate", "main"]
@@ -88,11 +88,11 @@ def _read_releases(path: str, length: int, stream: str | None) -> np.ndarray:
             return Releases.from_file(path).as_array(length, stream)
         except QueryError as exc:
             raise InputError(f"{Path(path).name}: {exc}") from None
-    try:
-        return np.load(path, allow_pickle=False).astype(np.float64)
-    except (OSError, ValueError):
-        msg = f"{path}: not a readable .npy file of releases (or JSONL of the daemon)"
-        raise InputError(msg) from None
+    arr = load_npy(path)
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.number):
+        msg = f"{Path(path).name}: not a 1-D .npy of releases (got shape {arr.shape}, dtype {arr.dtype})"
+        raise InputError(msg)
+    return np.array(arr, dtype=np.float64)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -124,8 +124,9 @@ def main(args: argparse.Namespace) -> int:
         if args.plot:
             _plot(args.plot, truth, releases, args.intervals)
     except InputError as exc:
-        print(f"tops evaluate: error: {exc}", file=sys.stderr)
-        return 2
+        return refuse("evaluate", exc)
+    except OSError as exc:  # the plot's path
+        return refuse("evaluate", f"{exc.strerror or exc}: {exc.filename or ''}")
     n = int(np.count_nonzero(~np.isnan(releases)))
     print(
         f"{args.queries} random range queries x {args.repetitions} repetitions, "

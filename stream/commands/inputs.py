@@ -22,16 +22,116 @@ stream.commands.inputs.InputError: x.csv line 2: not a finite number (NaN or inf
 from __future__ import annotations
 
 import json
-import math
+import re
+import sys
+import tokenize
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["InputError", "read_stream"]
+__all__ = ["MAX_INT_DIGITS", "MAX_JSON_DEPTH", "MAX_LINE_BYTES", "InputError", "JSONInputError", "file_lines",
+           "load_json", "load_npy", "read_stream"]
+
+# The bounds of what a command parses from a file, checked before the parser sees it. A daemon's release or status
+# is nested 3 deep and its numbers have at most 19 digits; a line of the daemon's output is far below 16 MiB (a
+# batch of 5,000 releases is about 600 kB).
+MAX_LINE_BYTES = 16 << 20
+MAX_JSON_DEPTH = 64
+MAX_INT_DIGITS = 300  # 10^300 is a float; longer integers are not numbers any reading or release holds
+_FLOAT_MAX = sys.float_info.max
 
 
 class InputError(Exception):
     """An input file cannot be used; the message names the file, the line and the problem (never the value)."""
+
+
+class JSONInputError(ValueError):
+    """A text is not JSON within the bounds (``MAX_*``); the message says which bound, never the text."""
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) - text.startswith("-") > MAX_INT_DIGITS:
+        msg = f"a number of more than {MAX_INT_DIGITS} digits"
+        raise JSONInputError(msg)
+    return int(text)
+
+
+_DECODER = json.JSONDecoder(parse_int=_bounded_int)
+# a JSON string, or an unterminated one up to the end (a trailing lone backslash included): every match ends at its
+# closing quote or at the end, so the scan is linear whatever the text
+_STRING = re.compile(r'"(?:[^"\\]|\\[\s\S])*+(?:"|\\?\Z)')
+_NEST = np.zeros(256, dtype=np.int8)  # +1 opens, -1 closes, 2 a quote
+_NEST[[ord("["), ord("{")]] = 1
+_NEST[[ord("]"), ord("}")]] = -1
+_NEST[ord('"')] = 2
+
+
+def nested_too_deep(text: str) -> bool:
+    """Whether ``[`` and ``{`` outside strings nest more than ``MAX_JSON_DEPTH`` deep, found without recursion: the
+    running sum of +1 per opening and -1 per closing bracket outside strings (numpy, over the brackets and quotes
+    only). Without a backslash, a bracket is inside a string when an odd number of quotes precede it; with one, the
+    strings are removed first (one linear regex pass). A text with no more opening brackets than the bound is not
+    looked at further."""
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # (load_json counts first: no call for a flat line)
+        return False
+    if "\\" in text:
+        text = _STRING.sub("", text)
+    kind = np.take(_NEST, np.frombuffer(text.encode("utf-8", errors="surrogatepass"), dtype=np.uint8))
+    kind = kind[np.flatnonzero(kind)]
+    quote = kind == 2
+    outside = (np.cumsum(quote, dtype=np.int32) & 1) == 0
+    steps = np.where(outside & ~quote, kind, 0)
+    return int(np.cumsum(steps, dtype=np.int32).max(initial=0)) > MAX_JSON_DEPTH
+
+
+def load_json(data: bytes | str) -> Any:
+    """One JSON document within the bounds: at most ``MAX_LINE_BYTES``, nested at most ``MAX_JSON_DEPTH`` deep,
+    integers of at most ``MAX_INT_DIGITS`` digits (Python's int parser refuses 4,300 and more with a ValueError and
+    is quadratic below that). NaN and Infinity parse as floats (callers refuse them where a number must be finite).
+    Anything else raises :class:`JSONInputError`.
+
+    >>> load_json(b'{"tick": 3, "value": [1.5]}')
+    {'tick': 3, 'value': [1.5]}
+    >>> load_json("[" * 100_000)
+    Traceback (most recent call last):
+    ...
+    stream.commands.inputs.JSONInputError: nested more than 64 deep
+    """
+    if len(data) > MAX_LINE_BYTES:
+        msg = f"longer than {MAX_LINE_BYTES >> 20} MiB"
+        raise JSONInputError(msg)
+    try:
+        text = data if isinstance(data, str) else data.decode("utf-8")
+    except UnicodeDecodeError:
+        msg = "not UTF-8 text"
+        raise JSONInputError(msg) from None
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and nested_too_deep(text):
+        msg = f"nested more than {MAX_JSON_DEPTH} deep"
+        raise JSONInputError(msg)
+    try:
+        return _DECODER.decode(text)
+    except JSONInputError:
+        raise
+    except ValueError:  # json.JSONDecodeError, and int() on the text of an integer
+        msg = "not valid JSON"
+        raise JSONInputError(msg) from None
+
+
+def file_lines(f: IO[bytes]) -> Iterator[bytes | None]:
+    """The lines of a binary file, each at most ``MAX_LINE_BYTES`` held at a time: a longer line is read through
+    and skipped, yielded as ``None`` (a file of one 2 GB line is not loaded whole)."""
+    while True:
+        line = f.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        if len(line) <= MAX_LINE_BYTES or line.endswith(b"\n"):
+            yield line
+            continue
+        while line and not line.endswith(b"\n"):
+            line = f.readline(1 << 20)
+        yield None
 
 
 def _check_values(values: np.ndarray, name: str, line_of) -> np.ndarray:
@@ -43,27 +143,37 @@ def _check_values(values: np.ndarray, name: str, line_of) -> np.ndarray:
     return values
 
 
-def _read_npy(path: Path) -> np.ndarray:
+def load_npy(path: str | Path) -> np.ndarray:
+    """A .npy file, memory-mapped (a header that claims 8 TB allocates nothing: the file is shorter, refused), read
+    without pickles; :class:`InputError` with one line for anything numpy cannot read (an empty file, a cut or
+    malformed header)."""
+    p = Path(path)
     try:
-        arr = np.load(path, allow_pickle=False)
-    except (ValueError, OSError) as exc:
-        msg = f"{path.name}: not a readable .npy file ({type(exc).__name__})"
+        return np.load(p, allow_pickle=False, mmap_mode="r")
+    except (ValueError, OSError, EOFError, SyntaxError, tokenize.TokenError) as exc:
+        msg = f"{p.name}: not a readable .npy file ({type(exc).__name__})"
         raise InputError(msg) from None
+
+
+def _read_npy(path: Path) -> np.ndarray:
+    arr = load_npy(path)
     if arr.ndim != 1:
         msg = f"{path.name}: a .npy input must be 1-D (got shape {arr.shape})"
         raise InputError(msg)
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
         msg = f"{path.name}: a .npy input must hold numbers (got dtype {arr.dtype})"
         raise InputError(msg)
-    values = arr.astype(np.float64)
+    values = np.array(arr, dtype=np.float64)  # a copy: the file is not held open
     return _check_values(values, path.name, lambda i: f"element {i}")
 
 
 def _lines(path: Path) -> tuple[list[str], list[int]]:
+    """The non-blank lines of a text file, stripped, and their numbers (the file is read whole, as the values it
+    holds are; each JSON line is bounded by :func:`load_json`)."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        msg = f"{path.name}: not a text file"
+        msg = f"{path.name}: not a text file (not UTF-8)"
         raise InputError(msg) from None
     raw = text.splitlines()
     keep = [(i + 1, s.strip()) for i, s in enumerate(raw) if s.strip()]
@@ -127,9 +237,9 @@ def _read_jsonl(path: Path, stream: str | None) -> np.ndarray:
     names: list[str | None] = []
     for k, (s, n) in enumerate(zip(lines, numbers, strict=True)):
         try:
-            obj = json.loads(s)
-        except json.JSONDecodeError:
-            msg = f"{path.name} line {n}: not valid JSON"
+            obj = load_json(s)
+        except JSONInputError as exc:
+            msg = f"{path.name} line {n}: {exc}"
             raise InputError(msg) from None
         v = obj.get("value") if isinstance(obj, dict) else obj
         name = obj.get("stream") if isinstance(obj, dict) else None
@@ -137,7 +247,7 @@ def _read_jsonl(path: Path, stream: str | None) -> np.ndarray:
         if isinstance(v, bool) or not isinstance(v, int | float):
             msg = f'{path.name} line {n}: "value" must be a number'
             raise InputError(msg)
-        if not math.isfinite(v):
+        if not -_FLOAT_MAX <= v <= _FLOAT_MAX:  # NaN fails too; an int is compared before any conversion
             msg = f"{path.name} line {n}: not a finite number (NaN or infinite)"
             raise InputError(msg)
         values[k] = v
@@ -163,11 +273,15 @@ def read_stream(path: str | Path, stream: str | None = None) -> np.ndarray:
         msg = f"{p}: no such file (nor a shipped data set: {', '.join(DATASETS)})"
         raise InputError(msg)
     suffix = p.suffix.lower()
-    if suffix == ".npy":
-        return _read_npy(p)
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        return _read_jsonl(p, stream)
-    if suffix in (".csv", ".txt", ""):
-        return _read_csv(p, stream)
+    try:
+        if suffix == ".npy":
+            return _read_npy(p)
+        if suffix in (".jsonl", ".ndjson", ".json"):
+            return _read_jsonl(p, stream)
+        if suffix in (".csv", ".txt", ""):
+            return _read_csv(p, stream)
+    except OSError as exc:
+        msg = f"{p.name}: cannot read ({exc.strerror or type(exc).__name__})"
+        raise InputError(msg) from None
     msg = f"{p.name}: unknown input format {suffix!r} (use .npy, .csv or .jsonl)"
     raise InputError(msg)

@@ -35,22 +35,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 import time
-import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from operators.config import SMOOTHERS, ConfigError, ToPSConfig
-from operators.error_bar import NoiseModel
+from operators.config import SMOOTHERS, ConfigError, ToPSConfig, check_parameter
+from operators.error_bar import LINEAR_SMOOTHERS, NoiseModel
+from stream.commands.failure import refuse
+from stream.commands.inputs import JSONInputError, file_lines, load_json
+from stream.core.payload import TS_MAX, TS_MIN
 
 __all__ = ["Answer", "QueryError", "Releases", "add_arguments", "main"]
 
 Z95 = 1.959963984540054  # two-sided 95 % of the normal
+TICK_LIMIT = 1 << 63  # a tick is a non-negative 63-bit integer (the daemon's ticks are int64)
+WINDOW_TICKS_MAX = 1 << 62  # the widest window in ticks (wider ones hold the same ticks)
+MODEL_LEAVES_MAX = 1 << 22  # the error model walks a tree's leaves in arrays: 32 MiB each at this many
+_FLOAT_MAX = sys.float_info.max
+_REAL = frozenset((int, float))  # the types of a JSON number (a bool is neither)
 
 
 class QueryError(Exception):
@@ -100,12 +106,15 @@ class Releases:
     # -- input --------------------------------------------------------------------------------------------------
     @classmethod
     def from_file(cls, path: str | Path, params: dict[str, Any] | None = None) -> Releases:
+        """The releases of a file, a payload a line (lines longer than ``MAX_LINE_BYTES`` are counted invalid)."""
         rel = cls(params)
         p = Path(path)
         try:
             with p.open("rb") as f:
-                for line in f:
-                    if line.strip():
+                for line in file_lines(f):
+                    if line is None:
+                        rel.invalid += 1
+                    elif line.strip():
                         rel.add_payload(line)
         except OSError as exc:
             msg = f"{p}: {exc.strerror or 'cannot read'}"
@@ -114,10 +123,11 @@ class Releases:
 
     def add_payload(self, payload: bytes | str) -> int:
         """One MQTT payload or file line: a release, a JSON array of releases, or a status message. Returns the
-        releases added (0 for a repeat, a status or something invalid, which is counted)."""
+        releases added (0 for a repeat, a status or something invalid, which is counted). The payload is parsed
+        within bounds (:func:`stream.commands.inputs.load_json`: size, nesting, digits)."""
         try:
-            doc = json.loads(payload)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            doc = load_json(payload)
+        except JSONInputError:
             self.invalid += 1
             return 0
         items = doc if isinstance(doc, list) else [doc]
@@ -135,15 +145,10 @@ class Releases:
                 return 0
             self.invalid += 1
             return 0
-        tick, value = obj.get("tick"), obj.get("value")
-        if (
-            isinstance(tick, bool)
-            or not isinstance(tick, int)
-            or tick < 0
-            or isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
+        tick, value, ts = obj.get("tick"), obj.get("value"), obj.get("ts", 0.0)
+        if not (type(tick) is int and 0 <= tick < TICK_LIMIT  # JSON numbers are int or float, never bool here
+                and type(value) in _REAL and -_FLOAT_MAX <= value <= _FLOAT_MAX  # NaN fails too
+                and type(ts) in _REAL and TS_MIN <= ts <= TS_MAX):
             self.invalid += 1
             return 0
         s = self._series.setdefault(name, _Series())
@@ -153,11 +158,10 @@ class Releases:
         s.seen.add(tick)
         s.ticks.append(tick)
         s.values.append(float(value))
-        ts = obj.get("ts")
-        s.ts.append(float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else 0.0)
+        s.ts.append(float(ts))
         for key in ("epsilon", "theta"):
             v = obj.get(key)
-            if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+            if type(v) in _REAL and 0 < v <= _FLOAT_MAX:  # the error model checks their ranges
                 setattr(s, key, float(v))
         return 1
 
@@ -213,38 +217,36 @@ class Releases:
 
     def noise_model(self, stream: str | None = None) -> tuple[NoiseModel | None, int, str]:
         """The stream's noise model, its holdout (ticks before the first release) and a word on where the parameters
-        came from; ``None`` when an error bar cannot be computed (the word says why)."""
+        came from; ``None`` when an error bar cannot be computed (the word says why: a parameter out of the range
+        ``operators.config`` holds every stream to is named with its range, as a status message may carry anything).
+        With a holdout out of range, the ticks before the first release count as the holdout."""
         name, s = self._get(stream)
         p = self.params(name)
+        source = "the status message" if s.params else "the command line and defaults"
+        defaults = _DEFAULTS
+        holdout = p.get("holdout", defaults.holdout)
+        try:
+            check_parameter("holdout", holdout)
+        except ConfigError as exc:
+            return None, min(s.ticks), f"{exc} (from {source})"
         if p.get("method", "tops") != "tops":
-            return None, int(p.get("holdout", 0)), f"no error model for method {p['method']!r}"
-        defaults = ToPSConfig(epsilon=1.0, bound=1.0)
-        holdout = int(p.get("holdout", defaults.holdout))
+            return None, holdout, f"no error model for method {_short(p['method'])}"
         if "epsilon" not in p or "theta" not in p:
             return None, holdout, "no epsilon/theta in the releases"
         if min(s.ticks) < holdout:
             return None, holdout, (f"a release at tick {min(s.ticks)} precedes the holdout m = {holdout}: "
                                    "give --holdout or --config")
-        source = "status message" if s.params else "command line and defaults"
-        smoother = p.get("smoother", defaults.smoother)
-        if smoother not in ("recent", "ema", "mean", "moving"):
-            return None, holdout, f"no error model for the {smoother} smoother"
         try:
-            model = NoiseModel(
-                epsilon=float(p["epsilon"]),
-                theta=float(p["theta"]),
-                fanout=int(p.get("fanout", defaults.fanout)),
-                query_range=int(p.get("query_range", defaults.query_range)),
-                smoother_layers=None if p.get("smoother_layers") is None else int(p["smoother_layers"]),
-                smoother=smoother,
-                alpha=float(p.get("alpha", defaults.alpha)),
-                window=int(p.get("window", defaults.window)),
-                resolution=float(p.get("resolution", defaults.resolution)),
-            )
-            _ = model.layers
-        except (TypeError, ValueError) as exc:
-            return None, holdout, f"bad public parameters ({exc})"
-        return model, holdout, source
+            model = NoiseModel(**{k: p.get(k, getattr(defaults, k)) for k in _MODEL_PARAMETERS},
+                               epsilon=p["epsilon"], theta=p["theta"])
+        except ConfigError as exc:
+            return None, holdout, f"{exc} (from {source})"
+        if model.smoother not in LINEAR_SMOOTHERS:
+            return None, holdout, f"no error model for the {model.smoother} smoother"
+        if model.leaves_per_tree > MODEL_LEAVES_MAX:
+            return None, holdout, (f"a tree of {model.leaves_per_tree} leaves (r / b^s) is beyond the error model "
+                                   f"(at most {MODEL_LEAVES_MAX})")
+        return model, holdout, source.removeprefix("the ")
 
     # -- answers ------------------------------------------------------------------------------------------------
     def range_sum(self, stream: str | None, first: int, last: int) -> Answer:
@@ -309,6 +311,16 @@ class Releases:
         return out
 
 
+# -- the parameters -----------------------------------------------------------------------------------------------
+_DEFAULTS = ToPSConfig(epsilon=1.0, bound=1.0)
+_MODEL_PARAMETERS = ("fanout", "query_range", "smoother_layers", "smoother", "alpha", "window", "resolution")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 # -- the command --------------------------------------------------------------------------------------------------
 _UNITS = {"minute": 60.0, "hour": 3600.0, "day": 86400.0}
 
@@ -343,34 +355,79 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     params.add_argument("--epsilon", type=float, help="eps (default: from the releases)")
 
 
+# the command line's parameters: option -> parameter of operators.config
+_OPTIONS = {"holdout": "--holdout", "query_range": "--range", "fanout": "--fanout", "smoother": "--smoother",
+            "smoother_layers": "--smoother-layers", "alpha": "--alpha", "window": "--window",
+            "resolution": "--resolution", "epsilon": "--epsilon"}
+
+
+def _config_params(path: str) -> dict[str, Any]:
+    """The public parameters of the ``[streams.template]`` of a tops.toml, checked as the daemon checks them."""
+    from stream.core.config import read_toml
+    from stream.core.errors import ConfigFileError
+
+    try:
+        doc = read_toml(path)
+    except ConfigFileError as exc:
+        raise QueryError(str(exc)) from None
+    streams = doc.get("streams", {})
+    tpl = streams.get("template", {}) if isinstance(streams, dict) else None
+    if not isinstance(tpl, dict):
+        msg = f"{path}: [streams] and [streams.template] must be tables"
+        raise QueryError(msg)
+    try:
+        cfg = ToPSConfig(**{"epsilon": 1.0, "bound": 1.0, **tpl})
+    except ConfigError as exc:
+        msg = f"{path} [streams.template] {exc}"
+        raise QueryError(msg) from None
+    except TypeError:
+        known = ", ".join(f.name for f in fields(ToPSConfig))
+        msg = f"{path} [streams.template]: an unknown key (known: {known})"
+        raise QueryError(msg) from None
+    p: dict[str, Any] = dict(holdout=cfg.holdout_ticks, query_range=cfg.query_range, fanout=cfg.fanout,
+                             smoother=cfg.smoother, smoother_layers=cfg.smoother_layers, alpha=cfg.alpha,
+                             window=cfg.window, resolution=cfg.resolution)
+    if "epsilon" in tpl:
+        p["epsilon"] = cfg.epsilon
+    method = streams.get("method")
+    if method:
+        p["method"] = method
+    return p
+
+
 def _user_params(args: argparse.Namespace) -> dict[str, Any]:
-    p: dict[str, Any] = {}
-    if args.config:
-        try:
-            doc = tomllib.loads(Path(args.config).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            msg = f"cannot read {args.config}: {exc}"
-            raise QueryError(msg) from None
-        tpl = dict(doc.get("streams", {}).get("template", {}))
-        try:
-            cfg = ToPSConfig(**{"epsilon": 1.0, "bound": 1.0, **tpl})
-        except (ConfigError, TypeError) as exc:
-            msg = f"{args.config} [streams.template]: {exc}"
-            raise QueryError(msg) from None
-        p.update(holdout=cfg.holdout_ticks, query_range=cfg.query_range, fanout=cfg.fanout,
-                 smoother=cfg.smoother, smoother_layers=cfg.smoother_layers, alpha=cfg.alpha, window=cfg.window,
-                 resolution=cfg.resolution)
-        if "epsilon" in tpl:
-            p["epsilon"] = cfg.epsilon
-        method = doc.get("streams", {}).get("method")
-        if method:
-            p["method"] = method
-    for key in ("holdout", "query_range", "fanout", "smoother", "smoother_layers", "alpha", "window",
-                "resolution", "epsilon"):
+    """The parameters given by ``--config`` and the options, each in the range ``operators.config`` holds every
+    stream to (how they fit together with a status message's is checked when the error model is built)."""
+    p = _config_params(args.config) if args.config else {}
+    for key, option in _OPTIONS.items():
         v = getattr(args, key)
         if v is not None:
+            try:
+                check_parameter(key, v)
+            except ConfigError as exc:
+                msg = f"{option}: {exc}"
+                raise QueryError(msg) from None
             p[key] = v
     return p
+
+
+def _tick_option(option: str, value: int | None) -> int | None:
+    if value is not None and not 0 <= value < TICK_LIMIT:
+        msg = f"{option} must be a tick in [0, 2^63) (got {_short(value)})"
+        raise QueryError(msg)
+    return value
+
+
+def _window_ticks(per: str) -> int:
+    """``--per N``: a window of N ticks, 1 <= N <= 2^62."""
+    try:
+        width: int | None = int(per)
+    except ValueError:  # not an integer, or more than Python's 4,300 digits
+        width = None
+    if width is None or not 1 <= width <= WINDOW_TICKS_MAX:
+        msg = f"--per must be minute, hour, day or a number of ticks in [1, 2^62] (got {_short(per)})"
+        raise QueryError(msg)
+    return width
 
 
 async def collect_live(rel: Releases, *, host: str, port: int, topics: list[str], seconds: float,
@@ -418,6 +475,10 @@ def _fmt(a: Answer, per_time: bool) -> str:
 def main(args: argparse.Namespace) -> int:
     try:
         user = _user_params(args)
+        _tick_option("--from", args.first)
+        _tick_option("--to", args.last)
+        if args.per and args.per not in _UNITS:
+            _window_ticks(args.per)
         if args.host:
             if args.source:
                 msg = "give a file or --host, not both"
@@ -426,7 +487,7 @@ def main(args: argparse.Namespace) -> int:
             if args.password_file:
                 try:
                     password = Path(args.password_file).read_text().splitlines()[0].strip()
-                except (OSError, IndexError):
+                except (OSError, IndexError, ValueError):  # ValueError: not UTF-8
                     msg = f"--password-file {args.password_file!r} cannot be read or is empty"
                     raise QueryError(msg) from None
             rel = Releases(user)
@@ -453,17 +514,11 @@ def main(args: argparse.Namespace) -> int:
             if args.per in _UNITS:
                 answers = rel.windows(name, seconds=_UNITS[args.per], first=first, last=last)
             else:
-                try:
-                    width = int(args.per)
-                except ValueError:
-                    msg = f"--per must be minute, hour, day or a number of ticks (got {args.per!r})"
-                    raise QueryError(msg) from None
-                answers = rel.windows(name, ticks=width, first=first, last=last)
+                answers = rel.windows(name, ticks=_window_ticks(args.per), first=first, last=last)
         else:
             answers = [rel.range_sum(name, first, last)]
     except QueryError as exc:
-        print(f"tops query: error: {exc}", file=sys.stderr)
-        return 2
+        return refuse("query", exc)
     note = f"error bars from {source}" if model is not None else f"no error bar: {source}"
     if model is not None:
         note += (f" (eps {model.epsilon:g}, theta {model.theta:g}, holdout {holdout}, r {model.query_range}, "

@@ -21,6 +21,7 @@ import numpy as np
 
 from operators import SMOOTHERS, ConfigError, ToPS, ToPSConfig, new_key
 from operators.config import HOLDOUT_GRIDS, SELECTIONS
+from stream.commands.failure import refuse
 from stream.commands.inputs import InputError, read_stream
 from stream.core.keys import KeyFileError, check_identity, derive_stream_key, load_master_key, parse_hex_key
 
@@ -190,11 +191,9 @@ def main(args: argparse.Namespace) -> int:
             np.save(f, releases)
         elapsed = time.perf_counter() - t0
     except (ConfigError, InputError, KeyFileError) as exc:
-        print(f"tops replay: error: {exc}", file=sys.stderr)
-        return 2
+        return refuse("replay", exc)
     except OSError as exc:
-        print(f"tops replay: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
-        return 2
+        return refuse("replay", f"{exc.strerror or exc}: {exc.filename or ''}")
     n = len(values)
     released = int(np.count_nonzero(~np.isnan(releases)))
     theta_text = "none (stream shorter than the holdout)" if theta is None else f"{theta:g}"
@@ -206,7 +205,21 @@ def main(args: argparse.Namespace) -> int:
     clamped = getattr(op, "clamped", 0)
     print(
         f"ticks = {n}, released = {released}, clamped to bound = {clamped}, key = {key_note}, "
-        f"{n / max(elapsed, 1e-9) / 1e6:.1f} M ticks/s (file I/O included)",
+        f"{rate_text(n, elapsed)} (file I/O included)",
         file=sys.stderr,
     )
     return 0
+
+
+def rate_text(ticks: int, seconds: float) -> str:
+    """Ticks per second in a unit that shows it (a short input is not "0.0 M ticks/s").
+
+    >>> rate_text(20, 0.004), rate_text(45_000, 1.0), rate_text(2_000_000, 0.5), rate_text(0, 0.0)
+    ('5000 ticks/s', '45.0 k ticks/s', '4.0 M ticks/s', '0 ticks/s')
+    """
+    rate = ticks / seconds if seconds > 0 else 0.0
+    if rate >= 1e6:
+        return f"{rate / 1e6:.1f} M ticks/s"
+    if rate >= 1e4:
+        return f"{rate / 1e3:.1f} k ticks/s"
+    return f"{rate:.0f} ticks/s"

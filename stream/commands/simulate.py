@@ -74,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     out = open(args.out, "w") if args.out else sys.stdout
     try:
-        t0 = 1_767_225_600  # 2026-01-01T00:00:00Z
+        t0 = 1_767_225_600  # 1 January 2026, 00:00 UTC
         pause = 1.0 / args.rate if args.rate > 0 else 0.0
         for i in range(args.ticks):
             for k in range(args.streams):

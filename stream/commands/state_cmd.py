@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
-import tomllib
 from pathlib import Path
+from typing import Any
 
+from stream.commands.failure import refuse
 from stream.state.store import Store, StoreError
+
+_FLOAT_MAX = sys.float_info.max
 
 __all__ = ["add_arguments", "main", "summarize"]
 
@@ -36,12 +40,18 @@ def _data_dir(args: argparse.Namespace) -> Path:
     if args.data_dir:
         return Path(args.data_dir)
     if args.config:
+        from stream.core.config import read_toml
+        from stream.core.errors import ConfigFileError
+
         try:
-            cfg = tomllib.loads(Path(args.config).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            msg = f"cannot read {args.config}: {exc}"
-            raise StoreError(msg) from None
-        d = cfg.get("state", {}).get("data_dir", "auto")
+            cfg = read_toml(args.config)
+        except ConfigFileError as exc:
+            raise StoreError(str(exc)) from None
+        section = cfg.get("state", {})
+        d = section.get("data_dir", "auto") if isinstance(section, dict) else None
+        if not isinstance(d, str):
+            msg = f"{args.config}: [state] data_dir must be a string"
+            raise StoreError(msg)
         if d == "auto":  # as `tops run --config` resolves it
             from stream.core.config import DEFAULT_DATA_DIR
 
@@ -54,34 +64,50 @@ def _data_dir(args: argparse.Namespace) -> Path:
     raise StoreError(msg)
 
 
+def _table(x: Any) -> dict:
+    return x if isinstance(x, dict) else {}
+
+
+def _count(x: Any) -> int | None:
+    return x if type(x) is int and 0 <= x < 1 << 63 else None
+
+
+def _real(x: Any) -> float | None:
+    """A finite number of a stored row as a float, else None (shown as ``-``)."""
+    if isinstance(x, int | float) and not isinstance(x, bool) and -_FLOAT_MAX <= x <= _FLOAT_MAX:
+        return float(x)
+    return None
+
+
 def summarize(stream: dict) -> dict:
-    """What may be shown of one stream."""
-    params = stream["params"]
-    state = stream["state"] or {}
-    op = state.get("operator") or {}
-    ticks = int(op.get("ticks", 0))
-    theta_units = op.get("theta_units")
-    resolution = float(params.get("resolution", 1.0))
-    holdout = 0 if params.get("theta") is not None else int(params.get("holdout", 0))
+    """What may be shown of one stream. A field the row does not hold as it should (a store written by something
+    else) is shown as missing, never trusted."""
+    params = _table(stream["params"])
+    state = _table(stream["state"])
+    op = _table(state.get("operator"))
+    ticks = _count(op.get("ticks", 0))
+    theta_units = _real(op.get("theta_units"))
+    resolution = _real(params.get("resolution", 1.0)) or 1.0
+    holdout = 0 if params.get("theta") is not None else (_count(params.get("holdout", 0)) or 0)
     mode = params.get("mode", "central")
     if mode == "local":
         # the holdout of a local stream is reports, not ticks: every tick counted after theta is a release
         phase = op.get("phase", "holdout")
-        theta = op.get("theta")
+        theta = _real(op.get("theta"))
         released = ticks if theta is not None else 0
     else:
         phase = "holdout" if theta_units is None else "releasing"
-        theta = None if theta_units is None else theta_units * resolution
-        released = max(0, ticks - holdout) if phase != "holdout" else 0
+        theta = None if theta_units is None else _real(theta_units * resolution)
+        released = max(0, ticks - holdout) if phase != "holdout" and ticks is not None else 0
     return {
         "stream": stream["name"],
         "generation": stream["generation"],
-        "mode": mode,
-        "phase": phase,
+        "mode": mode if isinstance(mode, str) else None,
+        "phase": phase if isinstance(phase, str) else None,
         "ticks": ticks,
         "released": released,
         "theta": theta,
-        "epsilon": params.get("epsilon"),
+        "epsilon": _real(params.get("epsilon")),
         "updated": stream["updated"],
     }
 
@@ -135,26 +161,35 @@ def retire(data_dir: Path, names: list[str]) -> list[str]:
         lock.close()
 
 
+def _read(data_dir: Path, ledger: bool) -> tuple[list[dict], str | None]:
+    """The rows to show (streams or ledger) and the store's identity; :class:`StoreError` with one line when the
+    store cannot be read (not SQLite, corrupt, rows that are not the JSON tops writes)."""
+    path = data_dir / "state.db"
+    store = Store.open(path, readonly=True)
+    try:
+        rows = store.ledger() if ledger else [summarize(s) for s in store.streams()]
+        return rows, store.meta("identity")
+    except (sqlite3.Error, ValueError, RecursionError) as exc:  # ValueError: JSON of a row, int() of a column
+        msg = f"state store {path} holds rows this tops cannot read ({type(exc).__name__})"
+        raise StoreError(msg) from None
+    finally:
+        store.close()
+
+
 def main(args: argparse.Namespace) -> int:
     if args.action:
         if args.action[0] != "retire" or len(args.action) < 2:
-            print("tops state: error: the only action is: retire NAME [NAME...]", file=sys.stderr)
-            return 2
+            return refuse("state", "the only action is: retire NAME [NAME...]")
         try:
             for line in retire(_data_dir(args), args.action[1:]):
                 print(line)
         except StoreError as exc:
-            print(f"tops state: error: {exc}", file=sys.stderr)
-            return 2
+            return refuse("state", exc)
         return 0
     try:
-        store = Store.open(_data_dir(args) / "state.db", readonly=True)
-        rows = store.ledger() if args.ledger else [summarize(s) for s in store.streams()]
-        identity = store.meta("identity")
-        store.close()
+        rows, identity = _read(_data_dir(args), args.ledger)
     except StoreError as exc:
-        print(f"tops state: error: {exc}", file=sys.stderr)
-        return 2
+        return refuse("state", exc)
     if args.json:
         for r in rows:
             r["identity"] = identity

@@ -1,7 +1,8 @@
 """The daemon configuration: one TOML file, every key declared once here (type, default, documentation).
 
 Every problem is reported on its own line naming ``[section] key`` and what is allowed; the daemon does not
-start while there is any (``tops run`` exits with code 2). The README ("Running the daemon") documents the same table.
+start while there is any (``tops run`` exits with code 2). docs/configuration.md documents the same table (generated
+from it).
 
 >>> cfg = build_config({"streams": {"template": {"epsilon": 0.5, "bound": 100}}})
 >>> cfg.template.epsilon, cfg.ticks.mode, cfg.input.source
@@ -25,7 +26,8 @@ from typing import Any
 from operators import ConfigError, ToPS, ToPSConfig
 from stream.core.errors import ConfigFileError
 
-__all__ = ["SCHEMA", "DaemonConfig", "Field", "build_config", "histogram_operator", "load_config", "stream_params"]
+__all__ = ["SCHEMA", "DaemonConfig", "Field", "build_config", "histogram_operator", "load_config", "read_toml",
+           "stream_params"]
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "tls_insecure": Field("bool", False, "Skip the broker host name check (testing only)."),
         "reconnect_min": Field("float", 0.5, "First reconnect delay in seconds (doubles per failure).", low=0.01),
         "reconnect_max": Field("float", 30.0, "Cap of the reconnect delay in seconds (jitter: 50-100%).", low=0.01),
-        "timeout": Field("float", 10.0, "Seconds to wait for connect/subscribe answers.", low=0.1),
+        "timeout": Field("float", 10.0, "Seconds to wait for connect/subscribe answers, and for the broker to "
+                         "acknowledge one of the messages in flight (none for that long: the connection is made "
+                         "again and they are sent again).", low=0.1),
         "session": Field("choice", "persistent", "`persistent`: the broker keeps the subscriptions and queues QoS 1 "
                          "readings while the daemon is down (clean session off; needs a fixed `client_id`, "
                          "default `tops-<host name>`); `clean`: a new session at every connection.",
@@ -230,9 +234,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                  "counters, so each runs at counter_epsilon / 2.", low=0),
         "counter_bound": Field("float", 0.0, "B of the counters: the largest count of one category in one period "
                                "(larger counts are clamped). Required with `counters`.", low=0),
-        "counter_holdout": Field("int", 1000, "m of the counters: periods held out to choose theta.", low=1),
-        "counter_query_range": Field("int", 1 << 16, "r of the counters: longest range of periods served.",
-                                     low=2),
+        # the counters' m and r are a ToPSConfig's: their ranges are checked there (operators.config), once
+        "counter_holdout": Field("int", 1000, "m of the counters: periods held out to choose theta."),
+        "counter_query_range": Field("int", 1 << 16, "r of the counters: longest range of periods served."),
     },
     "local": {
         "control_topic": Field("str", "tops/control/{stream}",
@@ -276,7 +280,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
 }
 
-# [streams.template]: the parameters of every new stream (operators.ToPSConfig); documented in the README.
+# [streams.template]: the parameters of every new stream (operators.ToPSConfig); documented in docs/configuration.md.
 TEMPLATE_DOCS: dict[str, str] = {
     "epsilon": "Privacy budget of the released ticks (event-level eps-DP). Required.",
     "bound": "Public upper bound B of a tick value; larger values are clamped. Required.",
@@ -422,10 +426,9 @@ def _template_problems(template_doc: dict[str, Any]) -> tuple[ToPSConfig | None,
         try:
             template = ToPSConfig(**doc)
         except ConfigError as exc:
-            msg = str(exc)
-            problems.append(f"[streams.template] {msg}")
-            key = msg.split(" ", 1)[0]
-            if key not in doc or doc.get(key) == placeholders.get(key, defaults.get(key)):
+            problems.append(f"[streams.template] {exc}")
+            key = exc.param
+            if key is None or key not in doc or doc.get(key) == placeholders.get(key, defaults.get(key)):
                 break  # a problem between keys: reported, nothing more to set aside
             doc[key] = placeholders.get(key, defaults.get(key))
         else:
@@ -683,8 +686,9 @@ def _categorical(sections: dict[str, dict[str, Any]], template_doc: dict[str, An
                 counter = ToPSConfig(epsilon=float(cat["counter_epsilon"] or cat["epsilon"]),
                                      bound=float(cat["counter_bound"]), holdout=cat["counter_holdout"],
                                      query_range=cat["counter_query_range"])
-            except ConfigError as exc:
-                problems.append(f"[categorical] counter: {exc}")
+            except ConfigError as exc:  # the message starts with the parameter's name: the key is counter_<name>
+                where = "counter_" if exc.param in ("epsilon", "bound", "holdout", "query_range") else "counter: "
+                problems.append(f"[categorical] {where}{exc}")
     if problems:
         return None, problems
     try:
@@ -784,11 +788,24 @@ def stream_params(cfg: DaemonConfig) -> dict[str, Any]:
 def load_config(path: str | os.PathLike[str], template_overrides: dict[str, Any] | None = None) -> DaemonConfig:
     """Read and validate a TOML file."""
     p = Path(path)
+    return build_config(read_toml(p), str(p), template_overrides)
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A TOML file's document, or :class:`ConfigFileError` with one line: unreadable, not UTF-8, not TOML, nested
+    past the parser's recursion (``tomllib`` recurses: ``a = [[[...`` 100,000 deep), an integer of more than 4,300
+    digits (Python's limit of integer text)."""
+    p = Path(path)
     try:
         with p.open("rb") as f:
-            doc = tomllib.load(f)
+            return tomllib.load(f)
     except OSError as exc:
         raise ConfigFileError([f"{p}: cannot read ({exc.strerror})"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigFileError([f"{p}: not valid TOML ({exc})"]) from None
-    return build_config(doc, str(p), template_overrides)
+    except UnicodeDecodeError:
+        raise ConfigFileError([f"{p}: not valid TOML (not UTF-8 text)"]) from None
+    except RecursionError:
+        raise ConfigFileError([f"{p}: not valid TOML (nested too deep)"]) from None
+    except ValueError:  # an integer too long for Python's integer text limit
+        raise ConfigFileError([f"{p}: not valid TOML (a number too long)"]) from None

@@ -61,6 +61,10 @@ class Metrics:
         self.mqtt_connected = Gauge("tops_mqtt_connected", "1 while connected to the broker.", registry=r)
         self.mqtt_reconnects = Counter("tops_mqtt_reconnects", "Successful reconnections after a lost or "
                                        "failed connection.", registry=r)
+        self.mqtt_ack_timeouts = Counter("tops_mqtt_ack_timeouts", "Connections given up because the broker "
+                                         "stopped answering: no acknowledgement of the messages in flight, or no "
+                                         "answer to a ping, for `[mqtt] timeout` seconds (the link reconnects and "
+                                         "sends them again).", registry=r)
         self.incoming_queue = Gauge("tops_incoming_queue_depth", "Messages received and not yet processed.",
                                     registry=r)
         self.publish_queue = Gauge("tops_publish_queue_depth", "Messages waiting to be published.", registry=r)

@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import compress
+from itertools import compress, repeat
 from json.encoder import encode_basestring_ascii  # json.dumps of a str, without its checks
 from typing import Any
 
@@ -133,7 +133,9 @@ class Router:
         self.ticks_processed = 0
         self.ticks_total = 0  # ticks processed since the start, never reset (checkpoint every N ticks)
         self.latencies: list[float] = []
-        self.status_now: list[StreamRecord] = []  # new streams and phase changes: status goes out at once
+        # new streams and phase changes, with the phase each change made (None: a status that changes no phase,
+        # e.g. a local stream's refined control): their status goes out at once, the changes are logged
+        self.status_now: list[tuple[StreamRecord, str | None]] = []
         # streams whose status became due (a holdout took a reading): the status loop visits these, not every
         # stream; None (kept by nobody) when no status loop runs
         self.status_pending: set[str] | None = None
@@ -237,7 +239,7 @@ class Router:
             self._adopt_holdout(rec)
         else:
             self._adopt(rec)
-        self.status_now.append(rec)
+        self.status_now.append((rec, rec.phase))
         return rec
 
     def records_new(self, names: list[str], ops: list[Any], identity: str) -> list[StreamRecord]:
@@ -260,7 +262,7 @@ class Router:
                 self._seen_now(rec)
             out.append(rec)
         self.in_holdout += len(out)
-        status_now += out
+        status_now.extend(zip(out, repeat("holdout")))
         return out
 
     def add(self, rec: StreamRecord, value: float, ts: float | None, seq: int | None, now: float) -> str:
@@ -423,11 +425,11 @@ class Router:
             rec.phase = op.phase
             rec.status_due = False
             self.in_holdout -= 1
-            self.status_now.append(rec)
+            self.status_now.append((rec, rec.phase))
         elif getattr(op, "control_changed", False):  # a new round of the threshold phase: tell the devices now
             op.control_changed = False
             rec.status_due = False
-            self.status_now.append(rec)
+            self.status_now.append((rec, None))
         else:
             rec.status_due = True
             if self.status_pending is not None:
@@ -452,7 +454,7 @@ class Router:
             self.in_holdout -= 1
         rec.phase = "failed"
         self.failed += 1
-        self.status_now.append(rec)
+        self.status_now.append((rec, rec.phase))
 
     def evict(self, names: list[str]) -> int:
         """Remove idle streams from memory (their state was checkpointed by the caller); returns how many."""
@@ -526,7 +528,7 @@ class Router:
             rec.phase = op.phase
             rec.status_due = False
             self.in_holdout -= 1
-            self.status_now.append(rec)
+            self.status_now.append((rec, rec.phase))
             self._adopt(rec)
         elif rec.phase == "holdout":
             rec.status_due = True
@@ -697,7 +699,7 @@ class Router:
         rec.phase = "releasing"
         rec.status_due = False
         self.in_holdout -= 1
-        self.status_now.append(rec)
+        self.status_now.append((rec, rec.phase))
 
     def _end_rows(self, recs: list[StreamRecord]) -> list[tuple[StreamRecord, ToPS]]:
         """Holdout rows whose holdout ends in this step, of configurations that end in rows (a holdout too short to

@@ -19,7 +19,7 @@ __all__ = ["PublishQueue", "StdoutSink", "encode_all", "encode_releases", "encod
 def encode_releases(batch: ReleaseBatch, epsilon: float, reprs: dict[float, str] | None = None) -> list[str]:
     """One JSON object per released tick: ``{"stream", "tick", "ts", "value", "epsilon", "theta"}``. ``reprs``: the
     texts of times, epsilons and thetas already formatted, shared by the batches of one processing step (a float's
-    ``repr`` costs about 0.6 us; one step's releases share their time and epsilon, and have a few thetas).
+    ``repr`` is costly; one step's releases share their time and epsilon, and have a few thetas).
 
     >>> from types import SimpleNamespace
     >>> rec = SimpleNamespace(name_json='"m1"')

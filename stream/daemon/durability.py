@@ -47,6 +47,7 @@ from stream.core.config import stream_params
 from stream.core.keys import derive_stream_key, load_master_key
 from stream.core.router import ReleaseBatch, StreamRecord
 from stream.daemon.sources import published
+from stream.state.disk import DiskRefused, DiskRetry
 from stream.state.journal import Journal
 from stream.state.records import apply_state, operator_snapshot, record_states
 from stream.state.redelivery import Redeliveries
@@ -73,6 +74,7 @@ class _Cut:
     admissions: list[tuple[Any, ...]]
     pause: float = 0.0
     appended: int = 0  # appended states in the store after this checkpoint (Store.fold)
+    rows: list[tuple[str, str, str]] | None = None  # the states encoded (Store.encode), kept for a retried commit
 
 
 def key_check(master: bytes) -> str:
@@ -126,14 +128,13 @@ class Durability:
         self.restored: dict[str, dict[str, Any]] = {}
         self.releasing = False
         self.syncing = False
-        self.stalled = False  # the journal cannot be written (disk full): intake waits for `writable`
-        self.writable = asyncio.Event()
-        self.writable.set()
-        self.stall_errors = 0
-        self.unsynced = 0  # readings of a failed write, counted when it succeeds
-        self.retry_interval = 1.0
         self.wake = asyncio.Event()
         self.checkpoint_due = asyncio.Event()
+        # every write into the data directory: a full disk makes it wait and retry (stdin intake waits for
+        # `writable`); a spill append the disk refused is retried by a checkpoint at once
+        self.disk = DiskRetry(store.path.parent, daemon.metrics.registry, retry_soon=self.checkpoint_due.set,
+                              settle=max(10.0, 2.0 * self.checkpoint_interval))
+        self.writable = self.disk.writable
         self.io_lock = asyncio.Lock()
         self.checkpoint_lock = asyncio.Lock()  # one checkpoint at a time (its write runs in a worker thread)
         self.max_checkpoint_pause = 0.0  # the longest share of a checkpoint spent in the event loop (seconds)
@@ -339,7 +340,8 @@ class Durability:
                     daemon.stream_record(name)
         outbox = self.store.outbox()
         if daemon.pubq is not None:  # the outbox: in the store, then what did not fit in memory (stream/state/spill.py)
-            daemon.pubq.spill = Spill.open(self.store.path.parent, daemon.cfg.output.outbox_max_bytes, self.fsync)
+            daemon.pubq.spill = Spill.open(self.store.path.parent, daemon.cfg.output.outbox_max_bytes, self.fsync,
+                                           self.disk)
         if outbox:
             if daemon.pubq is not None:
                 daemon.pubq.requeue(outbox)
@@ -467,7 +469,7 @@ class Durability:
             return False
         if self.router.ticks_total - self.ticks_at_checkpoint >= self.checkpoint_every:
             self.checkpoint_due.set()
-        if self.journal.pending_records or self.syncing or self.held or self.acks or self.stalled:
+        if self.journal.pending_records or self.syncing or self.held or self.acks or self.journal.unwritten:
             if batches or self.router.status_now:
                 self.held.append(batches)
             self.wake.set()
@@ -505,50 +507,27 @@ class Durability:
                 await self._sync()
 
     async def _sync(self) -> None:
-        data, n = self.journal.take()
-        n += self.unsynced
-        self.unsynced = 0
+        """Write and fsync what the journal took, waiting for the disk while it refuses (nothing is accepted,
+        released or acknowledged meanwhile), then release and acknowledge what waited for it."""
+        self.journal.take()
         held, acks = self.held, self.acks
         self.held, self.acks = [], []
-        if data or self.journal.unwritten:
+        n = 0
+        if self.journal.unwritten:
             self.syncing = True
             try:
-                await asyncio.to_thread(self.journal.write_durable, data, fsync=self.fsync)
-            except OSError as exc:  # disk full (or failing): nothing is accepted, released or acknowledged
+                n = await self.disk.run("journal", self.journal.write_durable, fsync=self.fsync, thread=True)
+            except DiskRefused:  # stopping on a full disk: what was not written was never accepted
                 self.held, self.acks = held + self.held, acks + self.acks
-                self.unsynced = n
-                self._stall(exc)
-                await asyncio.sleep(self.retry_interval)
-                self.wake.set()
                 return
             finally:
                 self.syncing = False
-        if self.stalled:
-            self._resume()
         self.synced_readings += n
         if n:
             self.daemon.metrics.journal_synced.inc(n)
         self._release(held)
         self._ack(acks)
         self._confirm()
-
-    def _stall(self, exc: OSError) -> None:
-        """The journal cannot be written: intake pauses (stdin waits; QoS 1 stops at the broker's window of
-        unacknowledged messages), releases and acknowledgements wait; retried every ``retry_interval`` s."""
-        self.stall_errors += 1
-        if not self.stalled:
-            self.stalled = True
-            self.writable.clear()
-            log.error("journal in %s cannot be written (%s): intake paused, nothing is acknowledged or released "
-                      "until it can; retrying every %.0f s", self.journal.dir, exc.strerror or type(exc).__name__,
-                      self.retry_interval)
-
-    def _resume(self) -> None:
-        self.stalled = False
-        self.writable.set()
-        log.warning("journal writable again after %d failed attempts: intake resumes", self.stall_errors)
-        self.stall_errors = 0
-        self.checkpoint_due.set()
 
     # -- checkpoints --------------------------------------------------------------------------------------------
     async def checkpoint_loop(self) -> None:
@@ -557,8 +536,7 @@ class Durability:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.checkpoint_interval):
                     await self.checkpoint_due.wait()
-            if not self.stalled:
-                await self.checkpoint_async()
+            await self.checkpoint_async()
 
     async def checkpoint_now(self) -> None:
         """A checkpoint as soon as no sync and no other checkpoint is under way (shutdown, eviction)."""
@@ -574,7 +552,10 @@ class Durability:
         return True
 
     def _failed(self, exc: BaseException, cut: _Cut | None) -> None:
-        log.error("checkpoint failed (%s): the journal keeps the readings; retrying later", exc)
+        if isinstance(exc, DiskRefused):  # stopping on a full disk (else it is waited out): close() says it once
+            log.debug("checkpoint left undone at the stop: the disk refuses writes (%s)", exc.file)
+        else:
+            log.error("checkpoint failed (%s): the journal keeps the readings; retrying later", exc)
         if cut is not None:
             self._hand_back(cut)
         self.wake.set()  # the sync loop notices a journal it cannot write
@@ -589,6 +570,9 @@ class Durability:
             self._hand_back(cut)
             raise
         self._finish(cut)
+        self._commit_spill(cut)
+        if cut.left_holdout:
+            self.store.purge_freed_pages(writer=True)
 
     def _hand_back(self, cut: _Cut) -> None:
         """A checkpoint that failed: what it was to write is written by the next one."""
@@ -602,23 +586,31 @@ class Durability:
         then :meth:`_finish` in the loop. One checkpoint at a time; a failure is logged and left for the next one
         (the journal still holds everything)."""
         async with self.checkpoint_lock:
+            disk = self.disk
             async with self.io_lock:  # the journal is rotated while no sync writes to it
-                if self.stalled:
-                    return
                 try:
-                    cut = self._cut()
+                    cut = await disk.run("journal", self._cut)
                 except (OSError, sqlite3.Error) as exc:
                     self._failed(exc, None)
                     return
             try:
-                await asyncio.to_thread(self._write, cut)
+                await disk.run("store", self._write, cut, thread=True)
             except (OSError, sqlite3.Error) as exc:
                 self._failed(exc, cut)
                 return
             self._finish(cut)
+            try:  # stopping on a full disk: the next start reads some spilled messages twice at most
+                await disk.run("outbox_position", self._commit_spill, cut)
+                if cut.left_holdout:  # the holdout histograms are gone from the rows: their old page images too
+                    await disk.run("store", self.store.purge_freed_pages, writer=True, thread=True)  # (it waits
+                    # for other writers: in a worker thread, not in the event loop)
+            except (OSError, sqlite3.Error) as exc:
+                self.saved_in_holdout.update(cut.left_holdout)  # the next checkpoint clears and purges them again
+                self.changed.update(cut.left_holdout)
+                log.error("after a checkpoint (%s): left to the next one", exc)
             if cut.appended >= self.fold_after:
                 try:
-                    await asyncio.to_thread(self._fold)
+                    await disk.run("store", self._fold, thread=True)
                 except (OSError, sqlite3.Error) as exc:  # the appended states stay where they are: nothing is lost
                     log.error("folding the appended states failed (%s); retrying after the next checkpoint", exc)
 
@@ -630,16 +622,19 @@ class Durability:
         self.checkpoint_due.clear()
         if router.clock is None and router.dirty:
             daemon.emit(router.flush())
-        pending = self.journal.pending_records
+        synced = self.journal.sync(fsync=self.fsync)
         position = self.journal.rotate(fsync=self.fsync)
-        if pending:
-            self.synced_readings += pending
-            self.daemon.metrics.journal_synced.inc(pending)
+        if synced:
+            self.synced_readings += synced
+            self.daemon.metrics.journal_synced.inc(synced)
         held, acks = self.held, self.acks
         self.held, self.acks = [], []
         self._release(held)
         self._ack(acks)
         self._confirm()
+        spill = daemon.pubq.spill if daemon.pubq is not None else None
+        if spill is not None:  # the last of the cut's writes (a refusal retries the cut: it changed nothing yet)
+            spill.sync()
         streams = router.streams
         names = list(streams) if router.clock is not None else [n for n in self.changed if n in streams]
         recs = [streams[n] for n in names]
@@ -650,9 +645,6 @@ class Durability:
                 saved.add(rec.name)
             elif rec.name in saved:
                 left_holdout.append(rec.name)
-        spill = daemon.pubq.spill if daemon.pubq is not None else None
-        if spill is not None:
-            spill.sync()
         red = self.redeliveries
         meta = None if red is None else {"redeliveries": json.dumps(red.snapshot(), separators=(",", ":"))}
         self.changed = set()  # what changes from now on is after the cut: the next checkpoint's
@@ -663,18 +655,18 @@ class Durability:
         return cut
 
     def _write(self, cut: _Cut) -> _Cut:
-        """Encode the states and commit them with the journal position and the outbox in one transaction (a worker
-        thread's part: the store's writer connection is used by nothing else)."""
+        """Encode the states (once) and commit them with the journal position and the outbox in one transaction (a
+        worker thread's part: the store's writer connection is used by nothing else); again after a refusal."""
         store = self.store
+        if cut.rows is None:
+            cut.rows = store.encode(cut.states, polite=True)
         try:
-            store.checkpoint(cut.states, cut.position, cut.outbox, meta=cut.meta, writer=True,
-                             admissions=cut.admissions, clear_rows=cut.left_holdout)
+            store.commit_checkpoint(cut.rows, cut.position, cut.outbox, meta=cut.meta, writer=True,
+                                    admissions=cut.admissions, clear_rows=cut.left_holdout)
         except sqlite3.Error:
             with contextlib.suppress(sqlite3.Error):  # a full disk: fold the store's WAL in, truncate it
                 store.purge_freed_pages(writer=True)
             raise
-        if cut.left_holdout:  # the holdout histograms are gone from the rows; purge the old page images too
-            store.purge_freed_pages(writer=True)  # (it waits for other writers: here, not in the event loop)
         cut.appended = store.appended(writer=True)
         return cut
 
@@ -690,10 +682,7 @@ class Durability:
 
     def _finish(self, cut: _Cut) -> None:
         t1 = time.perf_counter()
-        spill = self.daemon.pubq.spill if self.daemon.pubq is not None else None
-        if spill is not None and cut.spill_pos is not None:
-            spill.commit(cut.spill_pos)  # after the commit: a crash in between repeats messages, never loses one
-        self.journal.drop_before(cut.position)
+        self.journal.drop_before(cut.position)  # first: frees space the spill's position file may need
         self.saved_in_holdout.difference_update(cut.left_holdout)
         self.checkpoints += 1
         dt = time.perf_counter() - cut.t0
@@ -705,6 +694,13 @@ class Durability:
         self.daemon.metrics.checkpoint_pause.observe(pause)
         log.debug("checkpoint: %d streams written in %.3f s, %.3f s of it in the event loop (journal position %d)",
                   len(cut.states), dt, pause, cut.position)
+
+    def _commit_spill(self, cut: _Cut) -> None:
+        """The spill's read position at the cut, after the commit: a crash in between repeats messages, never loses
+        one."""
+        spill = self.daemon.pubq.spill if self.daemon.pubq is not None else None
+        if spill is not None and cut.spill_pos is not None:
+            spill.commit(cut.spill_pos)
 
     def outbox(self) -> list[tuple[str, bytes, bool, int]] | None:
         """Messages made but not confirmed by the broker: unconfirmed in-flight ones first, then the queue."""
@@ -731,6 +727,11 @@ class Durability:
 
     def close(self) -> None:
         """The last checkpoint is taken by the drain; close the files."""
+        if self.disk.waiting:
+            log.error("stopping while the disk refuses writes (%s): readings not yet in the journal were never "
+                      "accepted (nor acknowledged or released); the next start re-processes the journal",
+                      ", ".join(sorted(self.disk.waiting)))
+        self.disk.close()
         with contextlib.suppress(OSError):
             self.journal.close()
         if self.daemon.pubq is not None and self.daemon.pubq.spill is not None:

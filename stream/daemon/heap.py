@@ -4,9 +4,8 @@ CPython's cyclic collector walks every tracked object of its oldest generation a
 stopped. A daemon's streams are such objects (a stream in its holdout: its record, operator, generator, leaf
 statistics and a few lists, about 6) and live as long as the process; a full pass runs whenever the objects that
 survived two younger passes grew by a quarter of the oldest generation, which a growing fleet and every checkpoint
-(the states lent to the writer thread live through it) keep doing. With 10,000 streams in their holdout at 20,000
-readings/s such passes took 98-132 ms, once or twice in six seconds (``bench/bench_state.py``): the longest pauses of
-intake.
+(the states lent to the writer thread live through it) keep doing. With thousands of streams in their holdout such
+passes are the longest pauses of intake (``bench/bench_state.py`` shows them).
 
 :class:`Heap` freezes (``gc.freeze``) what is alive every ``freeze_every`` seconds, after a pass over the two younger
 generations (young cyclic garbage is collected, not frozen): full passes then walk only what was made since, whatever

@@ -193,7 +193,8 @@ class Daemon:
             self.link = MqttLink(
                 cfg.mqtt, topics=cfg.input.topics if cfg.input.source == "mqtt" else [], in_qos=cfg.input.qos,
                 out_qos=cfg.output.qos, pubq=self.pubq, metrics=m, on_messages=self.on_mqtt_messages,
-                max_batch=cfg.input.max_batch, inflight=cfg.output.inflight, max_queue=cfg.input.max_queue)
+                max_batch=cfg.input.max_batch, inflight=cfg.output.inflight, max_queue=cfg.input.max_queue,
+                ack_timeout=cfg.mqtt.timeout)
             if cfg.input.source == "mqtt":
                 self.topics = TopicRouter(cfg.input.topics)
                 m.watch(m.incoming_queue, self.link.queue_depth)
@@ -251,8 +252,8 @@ class Daemon:
         if category is not None:
             make = self._keyed = lambda key: histogram_operator(category, key)
         elif method == "tops" and self.router.holdouts is not None and born_in_rows(template):
-            # a new stream is the holdout row its ToPS would become, made without that ToPS (about 10 us a new
-            # stream, most of it the collector's share of the objects made and dropped)
+            # a new stream is the holdout row its ToPS would become, made without that ToPS (whose cost is mostly the
+            # collector's share of the objects made and dropped)
             make = self._keyed = partial(self.router.holdout_row, template)
             self._born_rows = True
         elif method == "tops" and self.router.pool is not None and born_releasing(template):
@@ -338,6 +339,8 @@ class Daemon:
             os._exit(1)
         log.info("%s received", signal.Signals(sig).name)
         self.stopping.set()
+        if self.durable is not None:
+            self.durable.disk.interrupt()  # writes waiting for a full disk give up: the drain ends
 
     def output_topic(self, name: str) -> str:
         """The topic of a stream's releases (made when needed: a record keeps no topic strings)."""
@@ -716,7 +719,7 @@ class Daemon:
         stdout, pubq = self.stdout, self.pubq if self.mqtt_out else None
         retain, as_array = self.cfg.output.retain, self.cfg.output.batch
         topic_of = self.output_topic
-        # every batch's lines to stdout in one write (a write per stream cost 22 us a new stream)
+        # every batch's lines to stdout in one write, not a write per stream
         if pubq is None:
             out = encode_all(batches, eps) if stdout is not None and batches else []
         else:
@@ -737,12 +740,12 @@ class Daemon:
             stdout.flush()
         status = self.router.status_now
         if status:
-            self.phase_log.note_many([(rec.name, rec.phase) for rec in status])
+            self.phase_log.note_many([(rec.name, phase) for rec, phase in status if phase is not None])
             if self.pubq is None:  # nothing to publish (publish_status): only due no more
-                for rec in status:
+                for rec, _ in status:
                     rec.status_due = False
             else:
-                for rec in status:
+                for rec, _ in status:
                     self.publish_status(rec)
             status.clear()
 
@@ -772,8 +775,8 @@ class Daemon:
         self.pubq.put(topic, json.dumps(msg).encode(), True, 0)
 
     def publish_statuses(self) -> None:
-        """The status of every stream whose status became due since the last pass (the router's pending names:
-        a pass at a million streams visited them all, 35-50 ms every ``status_interval``)."""
+        """The status of every stream whose status became due since the last pass (the router's pending names,
+        not every stream: a pass over a million streams would stop the loop every ``status_interval``)."""
         router = self.router
         pending = router.status_pending
         if not pending:
@@ -879,7 +882,7 @@ def _template_key(flag: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", metavar="TOML", help="configuration file (see the README); "
+    parser.add_argument("--config", "-c", metavar="TOML", help="configuration file (docs/configuration.md); "
                         "without it: readings on stdin, JSONL releases on stdout")
     for flag, kind in _TEMPLATE_FLAGS.items():
         parser.add_argument(f"--{flag.replace('_', '-')}", type=kind, default=None,

@@ -3,18 +3,23 @@
 The MQTT link runs one connection at a time: subscribe, receive in batches (whatever the client's queue holds),
 publish from the bounded :class:`~stream.core.sinks.PublishQueue` with a window of unconfirmed messages. When the
 connection is lost, unconfirmed messages go back to the front of the queue, messages already received are
-still processed, and the link reconnects with capped exponential backoff and jitter, then subscribes again.
+still processed, and the link reconnects with capped exponential backoff and jitter, then subscribes again. A
+connection on which the broker stops answering is given up the same way (:class:`AckWatchdog`): an open socket is
+not a working connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import math
 import random
 import socket
 import ssl
 import struct
+import termios
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -72,7 +77,8 @@ def published(info: Any) -> bool:
     except (RuntimeError, ValueError):
         return False
 
-__all__ = ["OVERLONG_LINE", "MqttLink", "ReadAheadSocket", "StdinSource", "TopicRouter", "backoff_delay"]
+__all__ = ["OVERLONG_LINE", "AckWatchdog", "MqttLink", "ReadAheadSocket", "StdinSource", "TopicRouter",
+           "backoff_delay"]
 
 log = logging.getLogger("tops.mqtt")
 
@@ -89,6 +95,53 @@ def backoff_delay(attempt: int, low: float, high: float) -> float:
     (True, True)
     """
     return min(high, low * 2.0 ** min(attempt, 30)) * random.uniform(0.5, 1.0)
+
+
+class AckWatchdog:
+    """Tells when the broker has stopped answering: something awaits its answer (a publish its PUBACK, a probe its
+    UNSUBACK) and none came for ``limit`` seconds of a running event loop.
+
+    A broker can drop its answers on a connection it keeps open: Mosquitto 2.0 (Debian's 2.0.11 since its fix of
+    CVE-2023-28366, upstream from 2.0.16) drops every packet it would queue for a client that already has
+    ``max_queued_messages`` packets waiting, whatever the packet: PUBACKs, UNSUBACKs, PINGRESPs, and QoS 1
+    readings, which it then counts as in flight to this client. A QoS 0 flood to that client fills exactly that
+    queue. MQTT resends only on a new connection, so without one the publish window stays full, and readings the
+    broker counts as sent never arrive, for good.
+
+    An answer that is late is not a lost one: behind a backlog (a broker without a queue limit holds a flood for
+    minutes) it comes when the daemon has read what is ahead of it. So only time counts during which everything
+    received was read (``counting``: the socket drained, reading not paused by the daemon's own backpressure), and a
+    gap between two looks longer than ``step`` (the loop was busy or blocked) counts as ``step``. While a flood
+    goes on the socket is never drained: the connection is given up once it has ended, ``limit`` seconds later.
+
+    >>> w = AckWatchdog(3.0)
+    >>> [w.stalled(t, False) for t in (0.0, 0.5, 1.0, 1.5, 2.0, 2.5)], w.stalled(3.0, False)
+    ([False, False, False, False, False, False], True)
+    >>> w.stalled(3.5, True), w.stalled(60.0, False), w.waited  # answered; then a blocked loop's 56.5 s count as 1
+    (False, False, 1.0)
+    >>> w.stalled(70.0, False, counting=False), w.waited  # reading paused: not counted
+    (False, 1.0)
+    """
+
+    def __init__(self, limit: float, step: float = 1.0) -> None:
+        self.limit = limit
+        self.step = step
+        self.waited = 0.0  # seconds without an answer while one was awaited
+        self._last: float | None = None
+
+    def idle(self) -> None:
+        """Nothing awaits an answer."""
+        self.waited, self._last = 0.0, None
+
+    def stalled(self, now: float, progressed: bool, *, counting: bool = True) -> bool:
+        """A look while answers are awaited, ``progressed`` when one came since the last look, ``counting`` False
+        while the socket is not read. True once ``limit`` seconds passed without an answer."""
+        if progressed or self._last is None:
+            self.waited = 0.0
+        elif counting:
+            self.waited += min(now - self._last, self.step)
+        self._last = now
+        return self.waited >= self.limit
 
 
 class TopicRouter:
@@ -180,6 +233,11 @@ class ReadAheadSocket:
         """Bytes read ahead and not yet served (no system call needed to serve them)."""
         return len(self._data) - self._pos
 
+    def unread(self) -> int:
+        """Bytes received and not yet served: read ahead, decrypted ahead (TLS) and waiting in the kernel."""
+        waiting = struct.unpack("i", fcntl.ioctl(self._sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+        return self.pending() + waiting
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
 
@@ -215,6 +273,9 @@ class IncomingQueue(asyncio.Queue):  # type: ignore[type-arg]
 
 
 READ_BUDGET = 1 << 16  # bytes one reader callback takes from the socket before the event loop runs the others
+PROBE_LOOK = 0.25  # seconds between looks at the probes (and between probes while the broker sends)
+PROBE_LIMIT = 8  # probes unanswered at a time (one lost is enough; aiomqtt warns above 10 pending requests)
+PROBE_TOPIC = "tops/probe"  # never subscribed: unsubscribing it changes nothing, and the broker answers (UNSUBACK)
 
 
 class MqttLink:
@@ -222,8 +283,9 @@ class MqttLink:
 
     def __init__(self, settings: Any, *, topics: list[str], in_qos: int, out_qos: int, pubq: PublishQueue,
                  metrics: Metrics, on_messages: Callable[[list[aiomqtt.Message]], None], max_batch: int,
-                 inflight: int, manual_ack: bool = False, max_queue: int = 10_000) -> None:
+                 inflight: int, manual_ack: bool = False, max_queue: int = 10_000, ack_timeout: float = 10.0) -> None:
         self.settings = settings
+        self.ack_timeout = ack_timeout  # seconds without an answer while one is awaited: reconnect
         # True: the daemon acknowledges QoS 1 readings (ack(), after the journal); False: the link does, once
         # they are processed. Either way never on receipt, so that the broker holds what is not taken yet.
         self.manual_ack = manual_ack
@@ -232,6 +294,7 @@ class MqttLink:
         self._paused = False
         self._waiting_room = False  # intake waits for the publish queue: keep reading (acknowledgements)
         self._reader: tuple[Any, Any] | None = None  # (client, socket) of the reader callback
+        self._reads = 0  # reader callbacks run (the broker sent something)
         self.client: aiomqtt.Client | None = None  # the current connection's client
         self.session_present = False  # from the last CONNACK (manual acknowledgements only)
         self._backlog: list[aiomqtt.Message] = []
@@ -246,6 +309,7 @@ class MqttLink:
         self.queue: IncomingQueue | None = None
         self.inflight: deque[tuple[Any, Message]] = deque()
         self.published_releases = 0  # confirmed since the last take_published()
+        self.confirmed = 0  # messages confirmed by the broker (the watchdog's evidence that it answers)
         self.connected = asyncio.Event()
         self.intake_done = asyncio.Event()
         if not topics:
@@ -337,6 +401,7 @@ class MqttLink:
             self._pause()
             return
         paho = client._client
+        self._reads += 1
         try:
             sock.budget = READ_BUDGET
             while True:
@@ -519,8 +584,58 @@ class MqttLink:
             tg.create_task(self._publish(client, watch), name="tops.mqtt.publish")
 
     async def _watch(self, client: aiomqtt.Client) -> None:
-        """End the connection's tasks when it is lost, even with nothing to receive or publish (stdin input)."""
-        await asyncio.shield(client._disconnected)  # private (aiomqtt 2.x): raises MqttError when the link is lost
+        """End the connection's tasks when it is lost, even with nothing to receive or publish (stdin input), or when
+        the broker stops answering (:class:`AckWatchdog`): messages the daemon published wait for their PUBACK, or
+        probes for their answer, and none came for ``ack_timeout`` s.
+
+        A broker that drops what it owes this client drops the QoS 1 readings it sends as well, and counts them in
+        flight: they come again only on a new connection, and nothing the daemon publishes need be in flight to
+        show it. So while the broker sends, the daemon asks it for an answer every ``PROBE_LOOK`` s: an UNSUBSCRIBE
+        of a topic it never subscribed (which changes nothing; each is answered by an UNSUBACK with its own packet
+        id, unlike a PINGREQ, and leaves paho's keepalive alone)."""
+        disconnected = client._disconnected  # private (aiomqtt 2.x): raises MqttError when the link is lost
+        loop = asyncio.get_running_loop()
+        watchdog = AckWatchdog(self.ack_timeout)
+        probes: deque[asyncio.Future[None]] = deque()
+        reads, confirmed = self._reads, self.confirmed
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(asyncio.shield(disconnected), PROBE_LOOK)
+                    return
+                except TimeoutError:
+                    pass
+                answered = confirmed != self.confirmed
+                confirmed = self.confirmed
+                while probes and probes[0].done():
+                    probes.popleft().result()  # an error of the probe ends the connection
+                    answered = True
+                if not (probes or self.inflight):
+                    watchdog.idle()
+                elif watchdog.stalled(loop.time(), answered, counting=not answered and self._counting()):
+                    awaited = [f"{n} {what}" for n, what in ((len(self.inflight), "messages in flight"),
+                                                              (len(probes), "probes")) if n]
+                    self._give_up(" and ".join(awaited))
+                if self._reads != reads and len(probes) < PROBE_LIMIT:
+                    reads = self._reads
+                    probes.append(asyncio.ensure_future(client.unsubscribe(PROBE_TOPIC, timeout=math.inf)))
+        finally:
+            for probe in probes:
+                if not probe.done():
+                    probe.cancel()
+                elif not probe.cancelled():
+                    probe.exception()  # retrieved: a probe that failed with the connection is not an error to log
+
+    def _counting(self) -> bool:
+        """Whether time without an answer counts now: everything received was read, and reading is not paused."""
+        if self._paused:
+            return False
+        if self._reader is None:
+            return True
+        try:
+            return self._reader[1].unread() == 0
+        except (OSError, ValueError):  # the socket is closed: the connection is ending anyway
+            return True
 
     async def _receive(self, client: aiomqtt.Client, queue: IncomingQueue) -> None:
         messages = client.messages
@@ -570,6 +685,15 @@ class MqttLink:
         self._drain(queue, client)
         self.intake_done.set()
 
+    def _give_up(self, what: str) -> None:
+        """End a connection on which the broker answers nothing any more (``what`` went unanswered): the reconnect
+        sends the unconfirmed messages again, and the broker resends the readings it counts in flight to this
+        session."""
+        self.metrics.mqtt_ack_timeouts.inc()
+        log.warning("the broker has answered none of %s for %g s; reconnecting", what, self.ack_timeout)
+        msg = f"no answer from the broker for {self.ack_timeout:g} s"
+        raise aiomqtt.MqttError(msg)
+
     async def _publish(self, client: aiomqtt.Client, watch: asyncio.Task[None]) -> None:
         try:
             await self._publish_loop(client)
@@ -591,6 +715,7 @@ class MqttLink:
                 inflight.append((info, item))
             while inflight and published(inflight[0][0]):
                 self.published_releases += inflight.popleft()[1][3]
+                self.confirmed += 1
             if inflight:
                 await asyncio.sleep(0.001)  # writes and acknowledgements arrive through the event loop
                 continue

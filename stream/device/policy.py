@@ -1,6 +1,6 @@
 """What a local-mode device decides for itself: pinned limits, its own privacy account, its sequence numbers.
 
-In local mode the server and the broker are the adversary (DESIGN.md, "Noise and secrets"): the control message
+In local mode the server and the broker are the adversary (docs/local.md): the control message
 only *proposes* parameters. A device accepts a control message only inside the limits its owner pinned
 (:class:`DeviceLimits`), keeps its own account of the epsilon each reading was reported at (:class:`SpentAccount`),
 numbers its reports with a monotone ``seq`` that a restart does not reuse (:class:`SequenceNumbers`,

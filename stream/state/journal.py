@@ -7,10 +7,11 @@ goes: a torn line yields none of its readings. A segment starts with ``{"f":2}``
 ``{"e":1}``, and replay takes whole syncs only: the lines after the last end mark (a write cut by a crash, never
 acknowledged) yield nothing. Lines without ``"v"`` are marks of :mod:`stream.state.redelivery`, handed to ``on_mark``.
 Appends are buffered and synced in batches (``sync``); only after a sync does the daemon acknowledge QoS 1 messages.
-A checkpoint rotates to a new segment first, so the checkpoint covers exactly the segments before it; a restart
-re-processes the segments from the checkpoint's position on (re-producing byte-identical releases from the keyed
-noise) and the covered segments are deleted. A torn last line (a crash in the middle of a write, never synced, so
-never acknowledged) is skipped.
+A checkpoint rotates to a new segment first (unless the current one holds nothing yet), so the checkpoint covers
+exactly the segments before it; a restart re-processes the segments from the checkpoint's position on (re-producing
+byte-identical releases from the keyed noise) and the covered segments are deleted. A torn last line (a crash in the
+middle of a write, never synced, so never acknowledged) is skipped. A write the disk refuses (full) keeps what it did
+not write and writes just that, first, the next time (:meth:`Journal.write_durable`).
 
 >>> import tempfile
 >>> d = tempfile.mkdtemp()
@@ -30,6 +31,7 @@ never acknowledged) is skipped.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -67,9 +69,11 @@ class Journal:
         self._buf: list[bytes] = []
         self._ts_obj: object = None
         self._ts_repr = ""
-        self.pending_records = 0  # appended but not yet synced
-        self.unwritten = b""  # the rest of a write that failed (disk full): written first by the next one
+        self.pending_records = 0  # appended, not yet taken for a write
+        self.unwritten = b""  # taken for a write and not yet written (a write the disk refused keeps its rest here)
+        self.unwritten_records = 0  # the readings in `unwritten`
         self._fsync_owed = False
+        self.segment_used = False  # whether the current segment holds more than its header
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str]) -> Journal:
@@ -89,8 +93,12 @@ class Journal:
     def _open_segment(self, n: int) -> int:
         fd = os.open(self._path(n), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            if os.fstat(fd).st_size == 0:
-                os.write(fd, _HEADER)
+            size = os.fstat(fd).st_size
+            if size < len(_HEADER):  # new, or its header cut by a full disk: (re)written whole
+                if size:
+                    os.ftruncate(fd, 0)
+                if os.write(fd, _HEADER) != len(_HEADER):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         except OSError:
             os.close(fd)
             raise
@@ -144,54 +152,60 @@ class Journal:
         self.pending_records += n
 
     def sync(self, *, fsync: bool = True) -> int:
-        """Write the buffered readings and (by default) fsync them; returns how many were made durable."""
+        """Write the buffered readings and (by default) fsync them; returns how many were made durable. A write the
+        disk refuses raises ``OSError`` and keeps its rest for the next call."""
+        self.take()
+        return self.write_durable(fsync=fsync and bool(self.unwritten_records))
+
+    def take(self) -> int:
+        """Put the buffered lines, with an end mark, behind what waits to be written (event-loop thread: then
+        :meth:`write_durable` may run in a worker thread); returns how many readings they hold."""
         n = self.pending_records
-        data = b""
         if self._buf:
             self._buf.append(_END)
-            data = b"".join(self._buf)
+            self.unwritten += b"".join(self._buf)
             self._buf.clear()
-        self.write_durable(data, fsync=fsync and bool(n))  # OSError (disk full): kept in `unwritten`, retried
+        self.unwritten_records += n
         self.pending_records = 0
         return n
 
-    def take(self) -> tuple[bytes, int]:
-        """Hand over the buffered readings (event-loop thread); :meth:`write_durable` then makes them durable."""
-        if self._buf:
-            self._buf.append(_END)
-        data, n = b"".join(self._buf), self.pending_records
-        self._buf.clear()
-        self.pending_records = 0
-        return data, n
-
-    def write_durable(self, data: bytes, *, fsync: bool = True) -> None:
-        """Write ``data`` from :meth:`take` to the current segment and fsync it (may run in a worker thread; the
-        caller makes sure no :meth:`rotate` runs meanwhile). On OSError (disk full) what was not written is kept in
-        ``unwritten`` and goes first at the next call, so a line is never written twice or cut."""
-        if self.unwritten:
-            data, self.unwritten = self.unwritten + data, b""
-        view = memoryview(data)
+    def write_durable(self, *, fsync: bool = True) -> int:
+        """Write what was taken (``unwritten``) to the current segment and fsync it; returns the readings made
+        durable. May run in a worker thread (the caller makes sure nothing else touches the journal's write side
+        meanwhile). When the disk refuses (``OSError``: full, or failing) what was not written stays in
+        ``unwritten`` for the next call, so a line is never written twice or cut; a missing fsync is owed too."""
+        view = memoryview(self.unwritten)
+        fsync = fsync and (bool(self.unwritten) or self._fsync_owed)
         try:
             while view:
                 written = os.write(self._fd, view)
                 view = view[written:]
         except OSError:
-            self.unwritten = bytes(view)
-            self._fsync_owed = self._fsync_owed or (fsync and len(view) < len(data))
+            if len(view) < len(self.unwritten):
+                self.unwritten = bytes(view)
+                self._fsync_owed = self._fsync_owed or fsync
             raise
-        if fsync and (data or self._fsync_owed):
-            self._fsync_owed = True  # until it succeeds: an OSError is retried at the next call
+        if self.unwritten:
+            self.unwritten = b""
+            self.segment_used = True
+        if fsync:
+            self._fsync_owed = True  # until it succeeds: a refused fsync is retried at the next call
             os.fsync(self._fd)
         self._fsync_owed = False
+        n, self.unwritten_records = self.unwritten_records, 0
+        return n
 
     def rotate(self, *, fsync: bool = True) -> int:
         """Sync, close the current segment and start the next; returns the position a checkpoint now covers up to
-        (the first segment *not* covered)."""
+        (the first segment *not* covered). A segment that holds nothing yet stays the current one."""
         self.sync(fsync=fsync)
+        if not self.segment_used:
+            return self.segment
         fd = self._open_segment(self.segment + 1)  # first: a full disk leaves the journal as it was
         os.close(self._fd)
         self.segment += 1
         self._fd = fd
+        self.segment_used = False
         return self.segment
 
     def drop_before(self, position: int) -> None:

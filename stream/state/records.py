@@ -42,7 +42,7 @@ def _bins_state(bins: Any) -> dict[str, Any] | None:
         [k, [[c, n] for c, n in v.items()] if isinstance(v, dict) else v] for k, v in bins.bins.items()]}
 
 
-_STRIPES = 64  # locks a cut's lender holds, stream i taking lock i % 64 (one lock per stream cost 0.7 us a stream)
+_STRIPES = 64  # locks a cut's lender holds, stream i taking lock i % 64 (not a lock object per stream)
 
 
 class Lent:
@@ -51,7 +51,7 @@ class Lent:
     pair ``(lent, i)``: the cut hands it to the writer as the stream's state and puts it in ``StreamRecord.lent``.
     The writer calls :meth:`state` (once per stream); the event loop calls :meth:`detach` before it changes the
     operator, which copies the operator for the writer only if the writer has not taken its state yet. A cut of many
-    holdout streams thus costs four list appends and a pair each in the event loop (0.3 us), not a copy of each
+    holdout streams thus costs four list appends and a pair each in the event loop, not a copy of each
     histogram, nor an object and a lock each (the copies happen, one at a time, only for streams that take a reading
     while the write runs).
 

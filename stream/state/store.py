@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from stream.core.keys import new_identity
+from stream.state.disk import refusal
 
 __all__ = ["Admission", "PrivacyParametersChanged", "Store", "StoreError"]
 
@@ -131,7 +132,7 @@ def _encoded(states: dict[str, Any], now: str, *, polite: bool) -> list[tuple[st
 
     ``polite`` (the daemon's writer thread): every millisecond of encoding, the interpreter is offered to the event
     loop (``time.sleep(0)`` releases it), which otherwise waits for the interpreter's 5 ms switch each time it wants it
-    back; a checkpoint of many holdouts (snapshots and JSON, tens of microseconds each) then takes a small share of the
+    back; a checkpoint of many holdouts (snapshots and JSON) then takes a small share of the
     loop's time, and more time of its own, while readings flow."""
     rows = []
     mark = time.perf_counter()
@@ -222,7 +223,11 @@ class Store:
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
             sliced = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'slices'").fetchone()
         except sqlite3.DatabaseError as exc:
-            msg = f"state store {p} is not a readable tops store ({exc}); refusing to start"
+            if refusal(exc) is not None:  # the disk, not the store (a full disk cannot give the WAL its memory map)
+                msg = (f"state store {p} cannot be opened: its disk refuses ({exc}; full?); free space in {p.parent} "
+                       f"and start again (the store is unchanged)")
+            else:
+                msg = f"state store {p} is not a readable tops store ({exc}); refusing to start"
             raise StoreError(msg) from None
         # an older tops refuses schema 2 (it would not see the appended states and would continue from older ones)
         readable = {str(SCHEMA_VERSION), "1"} if readonly else {str(SCHEMA_VERSION)}  # read-only: read as it is
@@ -385,10 +390,13 @@ class Store:
         db.execute("BEGIN IMMEDIATE")
         try:
             yield
+            db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # a COMMIT the disk refused (SQLITE_FULL) may leave the transaction open: roll it back, so that the
+            # retry starts a new one (SQLite may have rolled it back already: then ROLLBACK fails, harmlessly)
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
             raise
-        db.execute("COMMIT")
 
     def checkpoint(
         self,
@@ -417,8 +425,29 @@ class Store:
         connection (:meth:`_writer`; the daemon calls it from a worker thread, one checkpoint at a time).
         ``admissions``: deferred ledger entries (:meth:`take_admissions`), written first.
         """
-        now = _now()
-        rows = _encoded(states, now, polite=writer)  # before the transaction: it holds the write lock
+        rows = self.encode(states, polite=writer)  # before the transaction: it holds the write lock
+        self.commit_checkpoint(rows, journal_position, outbox, meta, writer=writer, admissions=admissions,
+                               clear_rows=clear_rows)
+
+    @staticmethod
+    def encode(states: dict[str, Any], *, polite: bool = False) -> list[tuple[str, str, str]]:
+        """The rows :meth:`commit_checkpoint` writes: each state's JSON text (made once: a lent holdout gives its
+        state once), with the time."""
+        return _encoded(states, _now(), polite=polite)
+
+    def commit_checkpoint(
+        self,
+        rows: list[tuple[str, str, str]],
+        journal_position: int,
+        outbox: list[tuple[str, bytes, bool, int]] | None = None,
+        meta: dict[str, str] | None = None,
+        *,
+        writer: bool = False,
+        admissions: list[tuple[Any, ...]] | None = None,
+        clear_rows: set[str] | frozenset[str] | list[str] = frozenset(),
+    ) -> None:
+        """:meth:`checkpoint`'s transaction, of states already encoded (:meth:`encode`): all or nothing, so it can
+        be tried again after the disk refused it."""
         db = self._writer() if writer else self._db
         with self._transaction(db):
             if admissions:

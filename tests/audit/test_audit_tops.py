@@ -1,6 +1,6 @@
 """Audit of the product's release path: the real ``ToPS`` operator on neighbouring streams, with broken variants.
 
-**What is tested.** Event-level DP of the perturber (seed 001, Algorithm 1 and Appendix C): one tick moves from 0 to
+**What is tested.** Event-level DP of the perturber (Wang et al., CCS 2021, Alg. 1, App. C): one tick moves from 0 to
 the bound B; truncation makes it move the tree's true node sums by theta (quantized units). Each of the ``L = h - s``
 nodes that contain the tick gets discrete Laplace noise at ``eps / L`` for sensitivity theta, so the noisy tree is
 eps-DP, and the release (consistency, then the smoother) is its post-processing. The audit looks at what the proof

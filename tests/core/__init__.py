@@ -1,0 +1,1 @@
+"""Tests of stream/core: configuration, payload decoding, the router, release encoding, the publish queue."""

@@ -1,0 +1,1 @@
+"""End to end with a real Mosquitto: the daemon over MQTT, ACLs, faults, kill -9 restarts, a full disk, deploy/, TLS."""

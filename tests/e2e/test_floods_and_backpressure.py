@@ -1,0 +1,351 @@
+"""Floods and backpressure through a real Mosquitto: bounded memory, ticks keep flowing, what cannot be taken at QoS 0
+is counted, no release is dropped while connected or while the broker is down, the readings a broker dropped come
+once, and a hung broker is given up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.support import (
+    ROOT,
+    DaemonProcess,
+    Subscriber,
+    daemon_config,
+    free_port,
+    publish,
+    publish_file,
+    running_broker,
+    wait_for,
+)
+
+# floods load the machine and these tests measure progress under them: one at a time (see pyproject.toml)
+pytestmark = [pytest.mark.network, pytest.mark.slow, pytest.mark.xdist_group("heavy")]
+
+
+@pytest.fixture
+def mosquitto_unbounded(tmp_path: Path):
+    """A broker that never drops QoS 0 messages for a connected client (`max_queued_messages 0`): what the daemon
+    does not count as processed or overload cannot have been lost in the broker."""
+    yield from running_broker(tmp_path, "allow_anonymous true\nmax_queued_messages 0\n")
+
+
+def vm(pid: int, field: str) -> int:
+    """A VmRSS/VmHWM line of /proc/<pid>/status, in kB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def run_flood(port: int, seconds: float, topics: list[str], rate: float = 0.0) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "tests.flood", "--port", str(port), "--seconds", str(seconds),
+           "--topics", ",".join(topics), "--rate", str(rate)]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE)
+
+
+def test_qos0_flood_bounded_memory_ticks_flow_and_overload_counted(mosquitto_unbounded, tmp_path: Path) -> None:
+    """A 12 s QoS 0 flood at the publisher's maximum rate against a daemon with a small incoming queue: period
+    releases keep coming during the flood, the connection survives (keepalive 5 s; the broker's answers come
+    seconds late behind the flood it holds, past `[mqtt] timeout = 2`, and late is not lost: no reconnect, which
+    would throw the broker's backlog away), memory stays bounded, and every message sent is either processed or
+    counted as `overload`."""
+    broker = mosquitto_unbounded
+    mport = free_port()
+    cfg = daemon_config(tmp_path, broker.port, mport, mqtt={"keepalive": 5, "timeout": 2.0},
+                        input={"qos": 0, "max_queue": 2000},
+                        ticks={"mode": "period", "period": 1.0}, streams={"template": {"theta": 50.0}},
+                        output={"status_topic": ""})
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    sub = Subscriber(broker.port, "dp/+")
+    try:
+        daemon.wait_connected()
+        sub.wait_ready("dp/probe")
+        publish(broker.port, "meters/tick/reading", ["1"], qos=0)  # the stream whose periods we watch
+        wait_for(lambda: any(p.get("stream") == "tick" for p in sub.payloads()), 10, what="first period")
+        rss0 = vm(daemon.proc.pid, "VmRSS")
+        seconds = 12.0
+        flood = run_flood(broker.port, seconds, [f"meters/f{i}/reading" for i in range(4)])
+        t0 = time.time()
+        out, _ = flood.communicate(timeout=120)
+        t1 = time.time()
+        arrived = sub.payloads()  # releases that reached the consumer by the end of the flood
+        sent = json.loads(out)["sent"]
+
+        def settled() -> dict[str, float] | None:
+            m = daemon.metrics()
+            done = m["tops_messages_total{result=ok}"] + m.get("tops_messages_total{result=overload}", 0.0)
+            return m if done >= sent + 1 else None
+
+        m = wait_for(settled, 120, interval=0.5, what="every flood message processed or counted")
+        hwm = vm(daemon.proc.pid, "VmHWM")
+        during = [p for p in arrived if p.get("stream") == "tick" and t0 + 1 <= p["ts"] <= t1]
+        print(f"flood: sent {sent} in {t1 - t0:.1f} s, processed {m['tops_messages_total{result=ok}'] - 1:.0f}, "
+              f"overload {m.get('tops_messages_total{result=overload}', 0):.0f}, RSS {rss0 / 1024:.0f} -> peak "
+              f"{hwm / 1024:.0f} MB, tick releases during the flood {len(during)}")
+        assert m["tops_messages_total{result=ok}"] + m["tops_messages_total{result=overload}"] == sent + 1
+        assert m["tops_messages_total{result=overload}"] > 0  # the bound was reached: counted, not queued
+        assert m["tops_mqtt_reconnects_total"] == 0 and m["tops_mqtt_connected"] == 1  # no keepalive drop
+        assert hwm - rss0 < 120 * 1024, "memory grew with the flood"
+        # every period that ended during the flood released on time, give or take scheduling on a busy machine
+        assert len(during) >= (t1 - t0) / 2
+        assert daemon.stop() == 0
+    finally:
+        sub.close()
+        daemon.kill()
+    assert "Traceback" not in daemon.stderr()
+
+
+def test_one_release_per_tick_with_a_small_publish_queue_while_connected(mosquitto, tmp_path: Path) -> None:
+    """One legal batch of 20,000 readings with `publish_queue = 100`: every tick is released exactly once at the
+    consumer (a publish queue that dropped would lose all but the last 100, the broker up)."""
+    n = 20_000
+    mport = free_port()
+    cfg = daemon_config(tmp_path, mosquitto.port, mport, output={"publish_queue": 100, "status_topic": ""},
+                        streams={"template": {"theta": 50.0}})
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    sub = Subscriber(mosquitto.port, "dp/+")
+    try:
+        daemon.wait_connected()
+        sub.wait_ready("dp/probe")
+        batch = tmp_path / "batch.json"
+        batch.write_text("[" + ",".join(str(i % 90) for i in range(n)) + "]")
+        assert publish_file(mosquitto.port, "meters/big/reading", batch).returncode == 0
+        wait_for(lambda: daemon.metrics()["tops_releases_total{sink=mqtt}"] >= n, 120, interval=0.5,
+                 what="every release confirmed")
+        wait_for(lambda: len(sub.payloads()) >= n, 60, what="every release at the consumer")
+        ticks = sorted(p["tick"] for p in sub.payloads() if p.get("stream") == "big")
+        assert ticks == list(range(n))
+        assert daemon.metrics()["tops_releases_dropped_total"] == 0
+        assert daemon.stop() == 0
+    finally:
+        sub.close()
+        daemon.kill()
+
+
+class SessionSubscriber(Subscriber):
+    """``mosquitto_sub`` with a persistent session (`-c -i`): what is published while it is away is queued."""
+
+    def __init__(self, port: int, topic: str, client_id: str, lines: list | None = None) -> None:
+        import threading
+
+        self.port, self.user = port, None
+        self.lines = lines if lines is not None else []
+        cmd = ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-t", topic, "-q", "1", "-v", "-c",
+               "-i", client_id]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+
+def test_releases_made_while_the_broker_is_down_spill_to_disk_and_all_arrive(mosquitto_persistent,
+                                                                              tmp_path: Path) -> None:
+    """Readings keep coming on stdin while the broker is down; the releases that do not fit in
+    `publish_queue = 50` go to the outbox on disk (durable state) and every one arrives after the restart, once per
+    tick (a queue that dropped would keep only the last 50)."""
+    broker = mosquitto_persistent
+    mport = free_port()
+    cfg = daemon_config(tmp_path, broker.port, mport, input={"source": "stdin"},
+                        output={"publish_queue": 50, "status_topic": ""}, streams={"template": {"theta": 50.0}})
+    proc = subprocess.Popen([sys.executable, "-m", "stream.cli", "run", "--config", str(cfg)], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=(tmp_path / "daemon.log").open("wb"))
+    metrics = DaemonProcess.metrics.__get__(SimpleNamespace(metrics_port=mport))
+    sub = SessionSubscriber(broker.port, "dp/+", "consumer-spill")
+    assert proc.stdin is not None
+    try:
+        wait_for(lambda: metrics()["tops_mqtt_connected"] == 1.0, 20, what="daemon connected")
+        sub.wait_ready("dp/probe")
+        proc.stdin.write(b"".join(f"s,{i % 90}\n".encode() for i in range(200)))
+        proc.stdin.flush()
+        wait_for(lambda: len(sub.payloads()) >= 200, 30, what="first releases")
+        sub.close()
+        broker.stop()
+        wait_for(lambda: metrics()["tops_mqtt_connected"] == 0, 10, what="daemon disconnected")
+        proc.stdin.write(b"".join(f"s,{i % 90}\n".encode() for i in range(200, 3000)))
+        proc.stdin.flush()
+        wait_for(lambda: metrics()["tops_publish_queue_depth"] >= 2800, 30, what="releases kept")
+        spilled = sum(p.stat().st_size for p in (tmp_path / "state").glob("outbox-*.spill"))
+        assert spilled > 0  # past the 50 in memory: on disk
+        broker.start()
+        sub = SessionSubscriber(broker.port, "dp/+", "consumer-spill", lines=sub.lines)
+        wait_for(lambda: len({p["tick"] for p in sub.payloads() if p.get("stream") == "s"}) >= 3000, 60,
+                 what="every release after the restart")
+        ticks = {p["tick"] for p in sub.payloads() if p.get("stream") == "s"}
+        assert ticks == set(range(3000))
+        assert metrics()["tops_releases_dropped_total"] == 0
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        sub.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert "Traceback" not in (tmp_path / "daemon.log").read_text()
+
+
+BROKER_DROPS = "Outgoing messages are being dropped for client"  # Mosquitto's notice, once per client
+
+
+def flood_until_the_broker_drops(port: int, broker_log: Path, topic: str, payload: str, meanwhile: Callable[[], object],
+                                 user: tuple[str, Path] | None = None) -> None:
+    """``tests/flood.py``: QoS 0 publishes of ``payload`` on ``topic`` as fast as the socket takes them (``user``: name
+    and the file holding its password), until the broker says it drops what it owes the daemon; then ``meanwhile()``
+    runs while the flood goes on, and the flood stops. The payloads are a few hundred bytes, so that the sockets'
+    buffers hold fewer of them and the broker's queue fills soon."""
+    cmd = [sys.executable, "-m", "tests.flood", "--port", str(port), "--seconds", "120", "--topics", topic,
+           "--payload", payload]
+    if user:
+        cmd += ["--username", user[0], "--password-file", str(user[1])]
+    flood = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: BROKER_DROPS in broker_log.read_text(), 100, what="the broker dropping what it owes")
+        meanwhile()
+    finally:
+        flood.terminate()
+        flood.wait(10)
+
+
+def test_a_qos0_flood_through_the_shipped_broker_never_stalls_the_releases(mosquitto_acl, tmp_path: Path) -> None:
+    """Debian's Mosquitto with deploy/mosquitto.conf as shipped (`max_queued_messages 100000`,
+    `max_inflight_messages 1000`) and the deploy example's session (persistent, QoS 1 in and out, durable state),
+    one release per reading. A device floods its stream at QoS 0 as fast as it can write: the broker's queue for the
+    daemon fills, and from then on Mosquitto drops every packet it owes the daemon, the PUBACKs of its releases and
+    the QoS 1 readings of a second device sent meanwhile included. After the flood every tick the daemon made is
+    confirmed by the broker and every reading of the second device is released: the daemon saw that the broker
+    stopped answering, and reconnected (otherwise the publish window stays full for good, intake waits, and every
+    later reading is counted `overload`)."""
+    from tests.support import ACL_USERS
+
+    broker = mosquitto_acl
+    broker_log = broker.conf.with_suffix(".log")
+    pw = tmp_path / "mqtt-password"
+    pw.write_text(ACL_USERS["svc/tops"] + "\n")
+    device_pw = tmp_path / "device-password"
+    device_pw.write_text(ACL_USERS["meter-a"] + "\n")
+    mport = free_port()
+    cfg = daemon_config(tmp_path, broker.port, mport, mqtt={"username": "svc/tops", "password_file": str(pw),
+                                                            "client_id": "tops-flood", "keepalive": 30},
+                        # small queues in the daemon: the same stall, less to process and publish afterwards
+                        input={"max_queue": 2000}, output={"status_topic": "", "publish_queue": 5000},
+                        streams={"template": {"holdout": 50}})
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    consumer = ("svc/consumer", ACL_USERS["svc/consumer"])
+    sub = Subscriber(broker.port, "dp/meter-b", user=consumer)
+    try:
+        daemon.wait_connected()
+        sub.wait_ready("dp/meter-b", user=("svc/tops", ACL_USERS["svc/tops"]))
+        readings = [f'{{"value": {i % 90}, "seq": {i}}}' for i in range(100)]
+        flood_until_the_broker_drops(broker.port, broker_log, "meters/meter-a/reading", " " * 200 + "5",
+                                     lambda: publish(broker.port, "meters/meter-b/reading", readings,
+                                                     user=("meter-b", ACL_USERS["meter-b"])),
+                                     user=("meter-a", device_pw))
+
+        def all_confirmed() -> dict[str, float] | None:
+            m = daemon.metrics()
+            made = m["tops_ticks_total"] - 2 * 50  # the holdout ticks of the two streams release nothing
+            done = m["tops_releases_total{sink=mqtt}"] >= made and m["tops_publish_queue_depth"] == 0
+            return m if done and len([p for p in sub.payloads() if "tick" in p]) >= 50 else None
+
+        m = wait_for(all_confirmed, 180, interval=0.5, what="every tick confirmed, the second device released")
+        print(f"flood: processed {m['tops_messages_total{result=ok}']:.0f}, overload "
+              f"{m['tops_messages_total{result=overload}']:.0f}, answers awaited in vain "
+              f"{m['tops_mqtt_ack_timeouts_total']:.0f}, reconnects {m['tops_mqtt_reconnects_total']:.0f}")
+        assert sorted(p["tick"] for p in sub.payloads() if "tick" in p) == list(range(50, 100))
+        assert m["tops_mqtt_ack_timeouts_total"] >= 1
+        assert daemon.stop() == 0
+    finally:
+        sub.close()
+        daemon.kill()
+    log = daemon.stderr()
+    assert "Traceback" not in log
+    assert log.count("the broker has answered none of") == m["tops_mqtt_ack_timeouts_total"]  # one line each
+
+
+@pytest.fixture
+def mosquitto_small_queue(tmp_path: Path):
+    """A broker whose queue for a client holds 1,000 packets (`max_queued_messages 1000`): full within
+    milliseconds of a flood, after which it drops whatever it owes that client, as the shipped broker does at
+    100,000."""
+    yield from running_broker(tmp_path, "allow_anonymous true\nmax_queued_messages 1000\nmax_inflight_messages 1000\n")
+
+
+def test_readings_the_broker_dropped_during_a_flood_come_once_nothing_is_in_flight(mosquitto_small_queue,
+                                                                                 tmp_path: Path) -> None:
+    """A flood of garbage (every message invalid: nothing is released, so no PUBACK is ever awaited) fills the
+    broker's queue for the daemon; a device's 100 QoS 1 readings sent meanwhile are dropped by the broker and
+    counted by it as in flight to the daemon, which MQTT sends again only on a new connection. The daemon probes the
+    broker while it receives, finds its probes unanswered once the flood has been read, and reconnects: every
+    reading is processed and released (without the probe, none of them ever is)."""
+    broker = mosquitto_small_queue
+    broker_log = broker.conf.with_suffix(".log")
+    mport = free_port()
+    cfg = daemon_config(tmp_path, broker.port, mport, output={"status_topic": ""}, mqtt={"timeout": 3.0},
+                        input={"max_queue": 500})  # most of the flood counted `overload`: read, not decoded
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    sub = Subscriber(broker.port, "dp/b")
+    try:
+        daemon.wait_connected()
+        sub.wait_ready("dp/b")
+        readings = [f'{{"value": {i % 90}, "seq": {i}}}' for i in range(100)]
+        flood_until_the_broker_drops(broker.port, broker_log, "meters/garbage/reading", "x" * 200,
+                                     lambda: publish(broker.port, "meters/b/reading", readings))
+        m = wait_for(lambda: (m := daemon.metrics())["tops_ticks_total"] >= 100 and m, 120, interval=0.5,
+                     what="every reading of the device processed")
+        wait_for(lambda: len([p for p in sub.payloads() if "tick" in p]) >= 50, 60, what="its releases")
+        assert m["tops_ticks_total"] == 100
+        assert sorted(p["tick"] for p in sub.payloads() if "tick" in p) == list(range(50, 100))
+        assert daemon.metrics()["tops_mqtt_ack_timeouts_total"] >= 1
+        assert daemon.stop() == 0
+    finally:
+        sub.close()
+        daemon.kill()
+    assert "Traceback" not in daemon.stderr()
+
+
+def test_a_hung_broker_is_given_up_and_every_release_goes_out_once_it_answers(mosquitto, tmp_path: Path) -> None:
+    """The broker hangs (SIGSTOP: its socket stays open, it reads and answers nothing) while the daemon publishes
+    the releases of readings arriving on stdin. Nothing comes back, so the daemon's socket is drained and the
+    releases in flight wait for PUBACKs that never come: after `[mqtt] timeout` seconds the daemon gives the
+    connection up, counts it, and keeps trying to connect; once the broker runs again every release arrives (the MQTT
+    keepalive alone would notice the hang only 1.5 to 2 keepalive periods later)."""
+    import signal
+
+    mport = free_port()
+    cfg = daemon_config(tmp_path, mosquitto.port, mport, input={"source": "stdin"}, output={"status_topic": ""},
+                        mqtt={"timeout": 3.0, "keepalive": 60})
+    proc = subprocess.Popen([sys.executable, "-m", "stream.cli", "run", "--config", str(cfg)], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=(tmp_path / "daemon.log").open("wb"))
+    metrics = DaemonProcess.metrics.__get__(SimpleNamespace(metrics_port=mport))
+    sub = Subscriber(mosquitto.port, "dp/+")
+    assert proc.stdin is not None and mosquitto.proc is not None
+    broker_pid = mosquitto.proc.pid
+    try:
+        wait_for(lambda: metrics()["tops_mqtt_connected"] == 1.0, 20, what="daemon connected")
+        sub.wait_ready("dp/probe")
+        os.kill(broker_pid, signal.SIGSTOP)
+        proc.stdin.write(b"".join(f"h,{i % 90}\n".encode() for i in range(300)))
+        proc.stdin.flush()
+        wait_for(lambda: metrics()["tops_mqtt_ack_timeouts_total"] >= 1, 40, what="the hang noticed")
+        os.kill(broker_pid, signal.SIGCONT)
+        wait_for(lambda: len({p["tick"] for p in sub.payloads() if p.get("stream") == "h"}) >= 250, 60,
+                 what="every release after the broker came back")
+        assert {p["tick"] for p in sub.payloads() if p.get("stream") == "h"} == set(range(50, 300))
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        os.kill(broker_pid, signal.SIGCONT)
+        sub.close()
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp_path / "daemon.log").read_text()
+    assert "Traceback" not in log
+    assert "has answered none of 250 messages in flight" in log

@@ -1,0 +1,92 @@
+"""The runtime's folders import in one direction (``commands -> daemon -> cluster -> state -> core -> operators``,
+``device -> core``), ``operators`` never imports ``stream``, no module imports one that imports it back, and test
+modules take their shared helpers from tests/support.py, never from another test module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.support import ROOT
+
+RANK = {"core": 0, "state": 1, "cluster": 2, "daemon": 3, "device": 2, "commands": 4}
+ALLOWED = {"core": {"core"}, "state": {"core", "state"}, "cluster": {"core", "state", "cluster"},
+           "daemon": {"core", "state", "cluster", "daemon"}, "device": {"core", "device"},
+           "commands": {"core", "state", "cluster", "daemon", "commands"}}
+
+
+def _imports(path: Path) -> set[str]:
+    """Every ``stream.*`` / ``operators.*`` module a file imports, at any depth (lazy imports count too; imports
+    under ``if TYPE_CHECKING:``, which never run, do not)."""
+    out: set[str] = set()
+    todo: list[ast.AST] = [ast.parse(path.read_text())]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        todo.extend(ast.iter_child_nodes(node))
+    return {m for m in out if m.split(".")[0] in ("stream", "operators")}
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def test_folders_import_in_one_direction() -> None:
+    bad = []
+    for f in (ROOT / "stream").rglob("*.py"):
+        parts = f.relative_to(ROOT / "stream").parts
+        if len(parts) < 2:
+            continue  # stream/cli.py dispatches to every command module
+        for m in _imports(f):
+            p = m.split(".")
+            if p[0] == "stream" and len(p) > 1 and p[1] not in ALLOWED[parts[0]]:
+                bad.append(f"{f.relative_to(ROOT)} imports {m}")
+    assert not bad, bad
+
+
+def test_operators_never_import_stream() -> None:
+    bad = [str(f.relative_to(ROOT)) for f in (ROOT / "operators").rglob("*.py")
+           if any(m.startswith("stream") for m in _imports(f))]
+    assert not bad, bad
+
+
+def test_no_import_cycles_between_modules() -> None:
+    files = {_module(f): f for d in ("stream", "operators") for f in (ROOT / d).rglob("*.py")}
+    graph = {m: {i for i in _imports(f) if i in files and i != m} for m, f in files.items()}
+    cycles = []
+    for a, deps in graph.items():
+        for b in deps:
+            seen, todo = set(), [b]
+            while todo:
+                x = todo.pop()
+                if x == a:
+                    cycles.append(f"{a} -> {b} -> ... -> {a}")
+                    break
+                if x not in seen:
+                    seen.add(x)
+                    todo.extend(graph.get(x, ()))
+    assert not cycles, cycles
+
+
+def test_test_modules_take_shared_helpers_from_the_support_module() -> None:
+    """Helpers shared by test modules live in tests/support.py (fixtures in tests/conftest.py): no test module, and
+    no benchmark, imports another test module or the conftest."""
+    allowed = {"tests.support", "tests.reference", "tests.flood", "tests.audit._audit"}
+    files = [*(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]
+    bad = []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            bad += [f"{f.relative_to(ROOT)} imports {m}" for m in names
+                    if m.split(".")[0] == "tests" and m != "tests" and m not in allowed]
+    assert not bad, bad
