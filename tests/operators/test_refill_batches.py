@@ -19,8 +19,7 @@ from operators.config import ToPSConfig
 from operators.noise import DiscreteLaplace, Domain, KeyedGenerator
 from operators.tops import ToPS
 from stream.core.router import Router
-from tests.test_columnar_router import key_of, run
-from tests.test_holdout_ends import readings
+from tests.support import feed_router, holdout_readings, key_of
 
 SHAPES = [
     ToPSConfig(epsilon=1.0, bound=50, theta=20, query_range=64, fanout=4, smoother_layers=0),  # L 3, R 4, 64 leaves
@@ -170,11 +169,11 @@ def test_streams_ending_their_holdout_in_the_router_release_through_batched_refi
     names = [f"m{i}" for i in range(60)]
     cfg_of = {name: cfgs[i % 2] for i, name in enumerate(names)}
     rng = np.random.default_rng(len(grid))
-    feed = [(name, float(v)) for _ in range(400) for name, v in zip(names, readings(rng, len(names), 5000),
+    feed = [(name, float(v)) for _ in range(400) for name, v in zip(names, holdout_readings(rng, len(names), 5000),
                                                                    strict=True)]
     router = Router(lambda name: ToPS(cfg_of[name], key_of(name)), 1000)
     router.use_columns(capacity=4, ahead=4)
-    got = run(router, feed, 997)
+    got = feed_router(router, feed, 997)
     assert all(type(rec.operator) is RowOperator for rec in router.streams.values())
     assert router.pool is not None and int(router.pool.drawn[: router.pool.rows].min()) > 8  # refilled repeatedly
     for name in names:
