@@ -5,7 +5,8 @@ open leaf, and either release the leaf's prediction or, when the leaf completes,
 noise drawn ahead, minus what the leaf's earlier ticks released (Wang et al., Alg. 1, with the Recent smoother,
 Appendix D). The arithmetic is the same as :func:`operators.smoother.release_ticks` in the same order, so every
 release is the same float64 as ToPS's. It stops at the first reading whose row has no noise left and returns its
-index; the caller draws more for that row and calls again from there.
+index; the caller refills that row and every other row that runs out in the rest of the batch
+(:mod:`operators._refill_kernel`) and calls again from there.
 """
 
 from __future__ import annotations

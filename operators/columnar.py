@@ -5,11 +5,14 @@ readings, only a handful of numbers: theta, the leaf width ``w = b^s``, the open
 current prediction, the position of the noise walk, and the consistent noise of the next leaves.
 :class:`ColumnarRelease` keeps those as arrays (no Python object per stream), a stream is a row, and
 :func:`operators._columnar_kernel.release_batch` runs a batch of ``(row, value)`` pairs of many streams in one
-compiled loop. The noise stays what ToPS draws: when a row has used its noise drawn ahead, a
-:class:`~operators.hierarchy.ConsistentNoise` walk is rebuilt from the row's key at the row's position (the current
-tree's top regenerated from the key, never redrawn, as a restore does) and produces the consistent noise of the
-next ``ahead`` leaves. Every release is bit-identical to :meth:`operators.tops.ToPS.process` on the same stream
-(tested on interleaved streams across refills and tree roll-overs).
+compiled loop. The noise stays what ToPS draws: when rows have used their noise drawn ahead, every row of the batch
+that runs out is refilled in one compiled call (:func:`operators._refill_kernel.refill_rows`), which regenerates from
+each row's key, at the row's position, what its :class:`~operators.hierarchy.ConsistentNoise` walk would compute
+(never redrawn: the same keyed draws, as a restore does) and produces the consistent noise of its next leaves, up to
+``ahead``. Between refills a row keeps, for each layer above the leaves, one number of its walk (the ``shift``
+column), so a refill regenerates only the nodes that start in it. Every release is bit-identical to
+:meth:`operators.tops.ToPS.process` on the same stream (tested on interleaved streams across refills, tree roll-overs
+and restarts, for every tree shape rows hold).
 
 :meth:`ColumnarRelease.snapshot` gives a row's state as ToPS's own snapshot (the same dict, so checkpoints and
 ``tops replay`` are unchanged) and :meth:`ColumnarRelease.operator` a ToPS object continuing it.
@@ -37,8 +40,8 @@ from typing import Any
 import numpy as np
 
 from operators.config import ToPSConfig
-from operators.hierarchy import ConsistentNoise
-from operators.noise import DiscreteLaplace, KeyedGenerator, shared_laplace
+from operators.hierarchy import layer_weight
+from operators.noise import DiscreteLaplace, shared_laplace
 from operators.selection import Selection
 from operators.smoother import SmootherState, _grid
 from operators.tops import _SNAPSHOT_VERSION, ToPS, release_layers
@@ -166,6 +169,33 @@ class RowStore:
         self._free += rows.tolist()
 
 
+class TreeShapes:
+    """The trees rows release with, as arrays the refill kernel reads (a few: one for each configuration and smoother
+    layers in use): ``fanout`` b, ``layers`` L = h - s, ``top_nodes`` R = r / b^(h-1), and ``weights[i, k]`` the
+    weight ``a_(k+1)`` of Hay et al.'s bottom-up pass at layer ``k`` (:func:`operators.hierarchy.layer_weight`, the
+    numbers the walk uses); ``epsilon`` the streams' budget (each layer's noise is at ``epsilon / L``)."""
+
+    def __init__(self) -> None:
+        self.fanout = np.zeros(0, dtype=np.int64)
+        self.layers = np.zeros(0, dtype=np.int64)
+        self.top_nodes = np.zeros(0, dtype=np.int64)
+        self.weights = np.zeros((0, 1), dtype=np.float64)
+        self.epsilon: list[float] = []
+
+    def add(self, fanout: int, layers: int, top_nodes: int, epsilon: float) -> int:
+        """A tree's index (the arrays made again: a new tree is rare)."""
+        n = self.fanout.size
+        self.epsilon.append(epsilon)
+        self.fanout = np.append(self.fanout, fanout)
+        self.layers = np.append(self.layers, layers)
+        self.top_nodes = np.append(self.top_nodes, top_nodes)
+        weights = np.zeros((n + 1, max(self.weights.shape[1], layers)), dtype=np.float64)
+        weights[:n, : self.weights.shape[1]] = self.weights
+        weights[n, :layers] = [layer_weight(k + 1, fanout) for k in range(layers)]
+        self.weights = weights
+        return n
+
+
 class ColumnarRelease(RowStore):
     """Releasing ToPS streams as rows of arrays; :meth:`process` releases a batch of readings of any of them."""
 
@@ -176,6 +206,11 @@ class ColumnarRelease(RowStore):
         self.ahead = ahead
         self.configs: list[ToPSConfig] = []
         self._config_index: dict[ToPSConfig, int] = {}
+        # the walk's shifts a row keeps: one a layer above the leaves, for the deepest tree of the configurations
+        self.depth = 0
+        # the tree of each (configuration, smoother layers) rows release with, as the refill kernel reads it
+        self._shapes: dict[tuple[int, int], int] = {}
+        self._shape_table = TreeShapes()
         # a public theta's new row, by the configuration's identity (hashing one costs a microsecond): the
         # configuration itself (kept: its id cannot be reused) and what its rows start from
         self._births: dict[int, tuple[ToPSConfig, tuple[int, int, SmootherState, int]]] = {}
@@ -184,11 +219,27 @@ class ColumnarRelease(RowStore):
     def _columns(self) -> list[tuple[str, Any, tuple[int, ...]]]:
         return [*((name, np.int64, ()) for name in _INT_COLUMNS), *((name, np.float64, ()) for name in _FLOAT_COLUMNS),
                 ("layers_kept", np.int16, ()),  # s, the smoother's layers (the tree keeps h - s)
-                ("config", np.int32, ()), ("key", np.uint8, (_KEY_BYTES,)), ("noise", np.float64, (self.ahead,))]
+                ("config", np.int32, ()), ("key", np.uint8, (_KEY_BYTES,)), ("noise", np.float64, (self.ahead,)),
+                # the walk between refills (operators/_refill_kernel.py): for each layer j >= 1, (c - S) / b of the
+                # ancestor of the next leaf at layer j, valid when walk_known is 1
+                ("shift", np.float64, (self.depth,)), ("walk_known", np.int8, ())]
 
     def row_nbytes(self) -> int:
         """Bytes of the columns per row: the whole state of a releasing stream."""
-        return 8 * (len(_INT_COLUMNS) + len(_FLOAT_COLUMNS) + self.ahead) + 2 + 4 + _KEY_BYTES
+        return 8 * (len(_INT_COLUMNS) + len(_FLOAT_COLUMNS) + self.ahead + self.depth) + 2 + 4 + _KEY_BYTES + 1
+
+    def _config_id(self, cfg: ToPSConfig) -> int:
+        """The index of a configuration in :attr:`configs` (added on first sight; the shift column widens to hold
+        the walk of its tree: ``h - 1`` layers above the leaves at most)."""
+        ci = self._config_index.get(cfg)
+        if ci is None:
+            ci = self._config_index[cfg] = len(self.configs)
+            self.configs.append(cfg)
+            if cfg.height - 1 > self.depth:
+                wider = np.zeros((self.capacity, cfg.height - 1), dtype=np.float64)
+                wider[:, : self.depth] = self.shift
+                self.shift, self.depth = wider, cfg.height - 1
+        return ci
 
     def add(self, op: ToPS) -> int:
         """Make a releasing ToPS stream a row; from then on its readings go through this store (``op`` is no longer
@@ -251,11 +302,8 @@ class ColumnarRelease(RowStore):
         for theta in set(thetas):
             shared_laplace(cfg.epsilon / (cfg.height - s), theta)  # refuses the theta the walk would refuse
         w = cfg.fanout**s
+        ci = self._config_id(cfg)
         at, _ = self.new_rows(len(thetas))
-        ci = self._config_index.get(cfg)
-        if ci is None:
-            ci = self._config_index[cfg] = len(self.configs)
-            self.configs.append(cfg)
         u0 = w * np.array(starts, dtype=np.float64)  # SmootherState.initial: u_0 = w * start, pred on the grid
         self.config[at] = ci
         self.key[at] = keys
@@ -271,6 +319,7 @@ class ColumnarRelease(RowStore):
         self.bound_units[at] = math.floor(cfg.span / cfg.resolution + 1e-9)
         self.resolution[at] = cfg.resolution
         self.head[at] = self.avail[at] = self.drawn[at] = 0
+        self.walk_known[at] = 0
         return at.tolist()
 
     def add_snapshot(self, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> int | None:
@@ -302,11 +351,8 @@ class ColumnarRelease(RowStore):
              bound_units: int, drawn: int) -> int:
         """Write a releasing stream into a free row (the store grows when full); its noise is drawn at its first
         refill (``drawn``: the leaves its walk has produced)."""
+        ci = self._config_id(cfg)
         r = self._new_row()
-        ci = self._config_index.get(cfg)
-        if ci is None:
-            ci = self._config_index[cfg] = len(self.configs)
-            self.configs.append(cfg)
         self.config[r] = ci
         self.write_key(r, key)
         self.theta[r] = theta
@@ -323,6 +369,7 @@ class ColumnarRelease(RowStore):
         self.resolution[r] = cfg.resolution
         self.head[r] = self.avail[r] = 0
         self.drawn[r] = drawn  # leaves the walk has produced
+        self.walk_known[r] = 0  # its shifts are found at its first refill
         return r
 
     def release(self, r: int) -> None:
@@ -330,47 +377,84 @@ class ColumnarRelease(RowStore):
         self.avail[r] = self.head[r] = 0
         self._give_back(r)
 
-    def _walk(self, r: int, leaves: int) -> ConsistentNoise:
-        """Row ``r``'s noise walk positioned after ``leaves`` leaves (its tree's top regenerated from the key)."""
-        cfg = self.configs[int(self.config[r])]
-        layers = cfg.height - int(self.layers_kept[r])
-        walk = ConsistentNoise(
-            KeyedGenerator(self.key[r].tobytes()),
-            fanout=cfg.fanout,
-            layers=layers,
-            top_nodes=cfg.query_range // cfg.fanout ** (cfg.height - 1),
-            noise=DiscreteLaplace(epsilon=cfg.epsilon / layers, sensitivity=int(self.theta[r])),
-        )
-        tree, leaf = divmod(leaves, walk.leaves_per_tree)
-        if leaf == 0 and tree > 0:  # the end of a tree, as the walk itself records it
-            tree, leaf = tree - 1, walk.leaves_per_tree
-        walk.tree, walk.leaf = tree, leaf
-        return walk
-
-    def _refill(self, r: int) -> None:
-        k = self.ahead
-        self.noise[r, :k] = self._walk(r, int(self.drawn[r])).next_leaves(k)
-        self.drawn[r] += k
-        self.head[r] = 0
-        self.avail[r] = k
-
     def process(self, rows: np.ndarray, values: np.ndarray, *, checked: bool = False) -> np.ndarray:
         """The release of every reading (``values[i]`` of stream ``rows[i]``), in order. ``checked``: the caller
         guarantees int64 rows in use and finite float64 values (the daemon's router, whose readings were validated
-        on intake): the checks are skipped."""
-        from operators._columnar_kernel import release_batch
+        on intake): the checks are skipped.
 
+        The compiled pass stops at the first reading whose row has no noise left; then every row that runs out of
+        noise in the rest of the batch is found (a row completes ``(pos + its readings) // width`` leaves) and all
+        of them are refilled in one compiled call (:meth:`_refill`), and the pass goes on. Only a row that needs more
+        than ``ahead`` leaves in one batch stops it again: then such rows are refilled together."""
         if not checked:
             rows, values = checked_batch(rows, values, self.rows)
         out = np.empty(rows.size, dtype=np.float64)
-        i = 0
-        while i < rows.size:
-            i = release_batch(rows, values, i, out, self.theta, self.width, self.pos, self.leaf_sum, self.pred,
-                              self.ticks, self.clamped, self.bound, self.bound_units, self.resolution, self.noise,
-                              self.head, self.avail)
-            if i < rows.size:
-                self._refill(int(rows[i]))
+        i = self._release(rows, values, 0, out)
+        if i == rows.size:
+            return out
+        rest, counts = np.unique(rows[i:], return_counts=True)
+        leaves = (self.pos[rest] + counts) // self.width[rest]
+        short = leaves > self.avail[rest]
+        due = rest[short]
+        heavy = due[leaves[short] > self.ahead]  # rows that will run out again in this batch
+        self._refill(due)
+        while (i := self._release(rows, values, i, out)) < rows.size:
+            again = heavy[2 * self.avail[heavy] <= self.ahead]
+            stalled = rows[i]
+            self._refill(again if stalled in again else np.append(again, stalled))
+            if not self.avail[stalled]:  # never: the kernel fills every row it is given
+                msg = "a refill drew no noise for its row"
+                raise RuntimeError(msg)
         return out
+
+    def _release(self, rows: np.ndarray, values: np.ndarray, start: int, out: np.ndarray) -> int:
+        """The compiled release of ``rows[start:]`` until a row has no noise left: the index it stopped at."""
+        from operators._columnar_kernel import release_batch
+
+        return release_batch(rows, values, start, out, self.theta, self.width, self.pos, self.leaf_sum, self.pred,
+                             self.ticks, self.clamped, self.bound, self.bound_units, self.resolution, self.noise,
+                             self.head, self.avail)
+
+    def _refill(self, due: np.ndarray) -> None:
+        """Fill the noise drawn ahead of rows ``due`` (distinct rows in use) to ``ahead`` leaves, in one compiled call
+        (:func:`operators._refill_kernel.refill_rows`): each row's next leaves are what its stream's own walk
+        produces. The tree of each row is looked up once for each (configuration, smoother layers) among them, its
+        discrete Laplace once for each (tree, theta)."""
+        from operators._refill_kernel import refill_rows
+
+        if not due.size:
+            return
+        due = np.ascontiguousarray(due, dtype=np.int64)
+        # the tree of each row: one per (configuration, smoother layers) among them
+        pairs, pair_of = np.unique(self.config[due].astype(np.int64) * 64 + self.layers_kept[due],
+                                   return_inverse=True)
+        shape_ids = np.array([self._shape(p >> 6, p & 63) for p in pairs.tolist()], dtype=np.int64)
+        shape_of = shape_ids[pair_of.reshape(-1)]
+        # the discrete Laplace of each row: one per (tree, theta) among them (theta units are below 2^37)
+        kinds, which = np.unique((shape_of << 37) | self.theta[due], return_inverse=True)
+        table = self._shape_table
+        laplace = np.empty((kinds.size, 4), dtype=np.int64)
+        for k, kind in enumerate(kinds.tolist()):
+            tree = kind >> 37
+            dl = shared_laplace(table.epsilon[tree] / int(table.layers[tree]), kind & ((1 << 37) - 1))
+            laplace[k] = (dl.log2_t, dl.s, dl.q, dl.r)
+        per_row = laplace[which.reshape(-1)]
+        failed = refill_rows(due, self.key, self.drawn, self.head, self.avail, self.noise, self.shift,
+                             self.walk_known, shape_of, table.fanout, table.layers, table.top_nodes,
+                             table.weights, per_row[:, 0], per_row[:, 1], per_row[:, 2], per_row[:, 3])
+        if failed >= 0:
+            msg = "discrete Laplace sample beyond the int64 range"
+            raise OverflowError(msg)
+
+    def _shape(self, ci: int, s: int) -> int:
+        """The index in the shape table of the tree that rows of configuration ``ci`` release with at ``s`` smoother
+        layers (:class:`TreeShapes`)."""
+        at = self._shapes.get((ci, s))
+        if at is None:
+            cfg = self.configs[ci]
+            at = self._shapes[(ci, s)] = self._shape_table.add(
+                cfg.fanout, cfg.height - s, cfg.query_range // cfg.fanout ** (cfg.height - 1), cfg.epsilon)
+        return at
 
     def snapshot(self, r: int) -> dict[str, Any]:
         """Row ``r``'s state as :meth:`ToPS.snapshot` writes it (the same dict for the same stream)."""

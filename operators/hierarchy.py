@@ -13,7 +13,8 @@ leaf to the true leaf sum equals the offline consistent tree):
 
 **Lazily, with O(b h) state.** For every layer the walk keeps the ``z`` of the children of the current ancestor and
 that ancestor's consistent value ``c``. Entering a node regenerates its children's subtrees from the keyed generator
-to get their ``z`` (O(h) draws per leaf amortized; a burst of O(r / b^s) draws when a tree starts). A run of complete
+to get their ``z`` (O(h) draws per leaf amortized; a burst of O(r / (R b^s)) draws when a top node starts: only the
+top node over the next leaf is regenerated, each top node's ``z`` depending on its own subtree alone). A run of complete
 subtrees is produced in bulk (bottom-up then top-down over the whole subtree). Every ``z`` and ``c`` is computed by
 the same compiled arithmetic in the same order whatever the path, so the output equals the whole-tree computation
 bit for bit, however the ticks are batched.
@@ -164,7 +165,7 @@ class ConsistentNoise:
     # -- state --------------------------------------------------------------------------------------------------
     def _invalidate(self) -> None:
         L = self.layers
-        self._top_z: np.ndarray | None = None  # z of the R top nodes of the current tree
+        self._top_z: np.ndarray | None = None  # z of the R top nodes of the current tree (NaN: not computed yet)
         self._zc: list[np.ndarray | None] = [None] * L  # _zc[j]: z of the children of the layer-j ancestor
         self._cons = [0.0] * L  # consistent value of the layer-j ancestor
         self._cur = [-1] * L  # index of the current layer-j ancestor (-1: not entered)
@@ -204,10 +205,19 @@ class ConsistentNoise:
     def _child_cons(self, parent_layer: int, child_index: int) -> float:
         """Consistent value of a child of the current ancestor at ``parent_layer`` (``layers`` = virtual root)."""
         if parent_layer == self.layers:
-            return float(self._top_z[child_index])
+            return self._top_node_z(child_index)
         # the same arithmetic as the bulk path, so both give identical bits
         cons = _top_down(self._zc[parent_layer], np.array([self._cons[parent_layer]]), self.b)
         return float(cons[child_index % self.b])
+
+    def _top_node_z(self, i: int) -> float:
+        """``z`` of top node ``i`` (a top node's consistent value), from its own subtree when first asked for."""
+        top = self._top_z
+        if top is None:
+            top = self._top_z = np.full(self.top_nodes, np.nan)
+        if np.isnan(top[i]):
+            top[i] = self._subtree_z(self.layers - 1, i, 1)[0]
+        return float(top[i])
 
     def _enter(self, j: int, i: int) -> None:
         """Make node ``i`` of layer ``j >= 1`` the current ancestor: its consistent value and its children's z."""
@@ -220,8 +230,6 @@ class ConsistentNoise:
 
     def _ensure_path(self, pos: int, down_to: int) -> None:
         """Enter the ancestors of leaf ``pos`` from the top layer down to layer ``down_to``."""
-        if self._top_z is None:
-            self._top_z = self._subtree_z(self.layers - 1, 0, self.top_nodes)
         for j in range(self.layers - 1, down_to - 1, -1):
             i = pos // self.b**j
             if self._cur[j] != i:

@@ -155,11 +155,12 @@ class Router:
         self.holdouts: dict[Any, ColumnarHoldout] | None = None
         self._holdout_of: dict[int, ColumnarHoldout] = {}  # id of a configuration object -> its columnar holdout
 
-    def use_columns(self, capacity: int = 1024, ahead: int = 64) -> None:
+    def use_columns(self, capacity: int = 1024, ahead: int = 16) -> None:
         """Keep releasing ToPS streams (Recent smoother, lower = 0) as rows of one columnar store from now on, each
-        with the noise of ``ahead`` leaves drawn ahead (a refill rebuilds the walk from the key: about 0.2 ms, so
-        64 leaves a refill keep it under 1 us per tick at w = 4, for 512 B of the row), and ToPS streams in their
-        holdout on the compact grid as rows of a columnar holdout."""
+        with the noise of ``ahead`` leaves drawn ahead, and ToPS streams in their holdout on the compact grid as rows of
+        a columnar holdout. The rows that run out of noise in a step are refilled together in one compiled call, and a
+        row keeps its walk between refills, so a refill's draws do not depend on ``ahead``: 16 leaves (the default
+        fanout, so a refill enters whole leaf groups) cost 128 B of a row."""
         if self.pool is None:
             self.pool = ColumnarRelease(capacity=max(1, capacity), ahead=ahead)
         if self.holdouts is None:

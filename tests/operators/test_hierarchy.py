@@ -76,3 +76,34 @@ def test_state_does_not_grow_with_the_range() -> None:
     walk = ConsistentNoise(gen, fanout=16, layers=5, top_nodes=16, noise=noise_with_a(0.99))
     walk.next_leaves(12345)
     assert walk.state_nbytes() < 1024
+
+
+class CountingGenerator(KeyedGenerator):
+    """A keyed generator that counts the samples drawn from it."""
+
+    __slots__ = ("drawn",)
+
+    def __init__(self, key: bytes) -> None:
+        super().__init__(key)
+        self.drawn = 0
+
+    def discrete_laplace(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = super().discrete_laplace(*args, **kwargs)
+        self.drawn += out.size
+        return out
+
+
+def test_a_tree_start_regenerates_the_top_node_over_the_next_leaf_not_the_whole_tree() -> None:
+    """Each top node's z depends on its own subtree only: the first leaf of a tree of R = 4 top nodes draws that top
+    node's subtree, not the whole tree, and the leaves come out as before."""
+    b, layers, top = 4, 3, 4
+    gen = CountingGenerator(bytes(32))
+    walk = ConsistentNoise(gen, fanout=b, layers=layers, top_nodes=top, noise=noise_with_a(0.9))
+    first = walk.next_leaves(1)
+    # the top node's subtree (its z), its children's subtrees again as it is entered, then its first child's leaves;
+    # the whole tree (84 nodes) is never drawn at once
+    assert gen.drawn == (1 + b + b * b) + b * (1 + b) + b
+    rest = walk.next_leaves(top * b * b - 1)
+    whole = ConsistentNoise(KeyedGenerator(bytes(32)), fanout=b, layers=layers, top_nodes=top,
+                            noise=noise_with_a(0.9)).next_leaves(top * b * b)
+    assert np.array_equal(np.concatenate([first, rest]), whole)
