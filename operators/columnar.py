@@ -176,7 +176,7 @@ class ColumnarRelease(RowStore):
         self.ahead = ahead
         self.configs: list[ToPSConfig] = []
         self._config_index: dict[ToPSConfig, int] = {}
-        # a public theta's new row, by the configuration's identity (hashing one costs a microsecond): the
+        # a public theta's new row, by the configuration's identity (cheaper than hashing it): the
         # configuration itself (kept: its id cannot be reused) and what its rows start from
         self._births: dict[int, tuple[ToPSConfig, tuple[int, int, SmootherState, int]]] = {}
         super().__init__(capacity)

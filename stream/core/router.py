@@ -153,8 +153,8 @@ class Router:
 
     def use_columns(self, capacity: int = 1024, ahead: int = 64) -> None:
         """Keep releasing ToPS streams (Recent smoother, lower = 0) as rows of one columnar store from now on, each
-        with the noise of ``ahead`` leaves drawn ahead (a refill rebuilds the walk from the key: about 0.2 ms, so
-        64 leaves a refill keep it under 1 us per tick at w = 4, for 512 B of the row), and ToPS streams in their
+        with the noise of ``ahead`` leaves drawn ahead (a refill rebuilds the walk from the key, so the cost of a refill is
+        shared by ``ahead`` leaves, for 512 B of the row at 64), and ToPS streams in their
         holdout on the compact grid as rows of a columnar holdout."""
         if self.pool is None:
             self.pool = ColumnarRelease(capacity=max(1, capacity), ahead=ahead)
@@ -181,7 +181,7 @@ class Router:
     def _holdout_store(self, cfg: ToPSConfig) -> ColumnarHoldout:
         """The columnar holdout of a configuration (made at its first stream)."""
         assert self.holdouts is not None
-        store = self._holdout_of.get(id(cfg))  # by identity first: hashing a configuration costs a microsecond
+        store = self._holdout_of.get(id(cfg))  # by identity first: cheaper than hashing the configuration
         if store is None or store.config is not cfg:
             store = self.holdouts.get(cfg)
             if store is None:
