@@ -3,9 +3,9 @@
 Canonne, Kamath, Steinke 2020, Algorithms 1-2, exactly as the vectorized numpy version in ``operators/noise.py``
 (``_sample``, ``_geometric``, ``_geometric_slow``, ``_bernoulli_exp``, ``_bernoulli``) runs them: every sample
 reads its own bit sequence MSB first, in the same order, so both give the same samples bit for bit (a test checks
-it). The numpy version pays a few microseconds per array operation, about a millisecond per call whatever its size;
-this kernel pays nothing per operation, which matters for the many small draws of the hierarchy's walk. It is
-compiled (``cache=True``) when a process first draws noise often; numba's import costs about 0.2-0.6 s here.
+it). The numpy version pays a fixed set-up per array operation, whatever the array's size; this kernel
+pays nothing per operation, which matters for the many small draws of the hierarchy's walk. It is
+compiled (``cache=True``) when a process first draws noise often; importing numba takes a noticeable part of a second.
 """
 
 from __future__ import annotations

@@ -211,7 +211,7 @@ class ColumnarRelease(RowStore):
         # the tree of each (configuration, smoother layers) rows release with, as the refill kernel reads it
         self._shapes: dict[tuple[int, int], int] = {}
         self._shape_table = TreeShapes()
-        # a public theta's new row, by the configuration's identity (hashing one costs a microsecond): the
+        # a public theta's new row, by the configuration's identity (cheaper than hashing it): the
         # configuration itself (kept: its id cannot be reused) and what its rows start from
         self._births: dict[int, tuple[ToPSConfig, tuple[int, int, SmootherState, int]]] = {}
         super().__init__(capacity)

@@ -77,7 +77,7 @@ def ends_in_rows(config: ToPSConfig) -> bool:
     choice's small branch (:func:`operators.selection.choose_small_many`), on the compact grid (a row of
     :class:`ColumnarHoldout`) or the exact one (a row of :class:`ShortHoldout`). Such a stream is a row from its first
     reading, however short its holdout."""
-    hit = _ENDS_IN_ROWS.get(id(config))  # by identity first: hashing a configuration costs a microsecond
+    hit = _ENDS_IN_ROWS.get(id(config))  # by identity first: cheaper than hashing the configuration
     if hit is not None and hit[0] is config:
         return hit[1]
     ends = _ends_in_rows(config)

@@ -562,7 +562,7 @@ class KeyedGenerator:
     def discrete_laplace_one(self, domain: int, address: int, index: int, noise: DiscreteLaplace) -> int:
         """Sample ``index`` of :meth:`discrete_laplace` (the same value): once the compiled kernels are loaded, its
         block of the keystream goes straight to the compiled sampler, without the general path's set-up for many
-        samples (a single draw, as the holdout's choice makes, in a few microseconds); a sample that needs more than
+        samples (a single draw, as the holdout's choice makes); a sample that needs more than
         its 512 bits goes on through the general path."""
         one = _kernel_state["one"]
         if (one is not None and isinstance(noise, DiscreteLaplace) and 0 <= index < _MAX_BLOCKS

@@ -186,7 +186,7 @@ class Router:
     def _holdout_store(self, cfg: ToPSConfig) -> ColumnarHoldout:
         """The columnar holdout of a configuration (made at its first stream)."""
         assert self.holdouts is not None
-        store = self._holdout_of.get(id(cfg))  # by identity first: hashing a configuration costs a microsecond
+        store = self._holdout_of.get(id(cfg))  # by identity first: cheaper than hashing the configuration
         if store is None or store.config is not cfg:
             store = self.holdouts.get(cfg)
             if store is None:

@@ -245,8 +245,8 @@ class Daemon:
         return make(key)
 
     def _keyed_maker(self) -> Callable[[bytes], Any]:
-        """What :meth:`keyed_operator` makes of a key, decided once (a configuration section's attribute costs about
-        a microsecond); ``_born_rows`` says whether it is a plain holdout row (:meth:`born_together`)."""
+        """What :meth:`keyed_operator` makes of a key, decided once (not looked up in the configuration per
+        key); ``_born_rows`` says whether it is a plain holdout row (:meth:`born_together`)."""
         category, template, method = self.cfg.category, self.cfg.template, self.cfg.streams.method
         self._born_rows = False
         if category is not None:
@@ -368,7 +368,7 @@ class Daemon:
         acknowledged with the others), the stream it touched is marked failed, the other streams go on."""
         now = time.time()
         one = self.on_mqtt_message
-        limit = self.cfg.input.max_payload_bytes  # once a batch (a section's attribute costs about a microsecond)
+        limit = self.cfg.input.max_payload_bytes  # once a batch, not once a reading
         for m in messages:
             try:
                 one(m, now, limit)
@@ -495,7 +495,7 @@ class Daemon:
         """Decode, validate and route stdin lines (a line is one message), then process and emit. As with MQTT, a
         line whose handling raises is counted ``failed`` and the stream it touched is marked failed."""
         now = time.time()
-        # read once a batch: a configuration section's attribute costs about a microsecond (its __getattr__)
+        # read once a batch, not once a reading: a configuration section's attribute goes through __getattr__
         limit, default = self.cfg.input.max_payload_bytes, self.cfg.input.default_stream
         names, streams, isfinite = self._csv_names, self.router.streams, math.isfinite
         # the common line, ``stream,value``, of a stream already seen: what on_line does with it, without decoding its

@@ -102,7 +102,7 @@ _ROW_STATE = ('{"version":%d,"operator":{"version":1,"ticks":%d,"clamped":%d,"th
 class RowStates:
     """The states of many rows of a columnar store, as at a checkpoint's cut: the columns' values copied there (one
     gather per column), their JSON texts made later, all at once, by whoever asks first (the writer thread): the cut
-    itself costs about a microsecond a stream. ``text(i)``: the ``i``-th stream's state, the very text
+    itself does no per-stream Python work. ``text(i)``: the ``i``-th stream's state, the very text
     ``json.dumps(record_state(rec), separators=(",", ":"))`` writes."""
 
     __slots__ = ("cols", "error_stats", "lock", "seqs", "texts", "ticks")

@@ -50,6 +50,15 @@ class Feeder(threading.Thread):
         self.values, self.pause = values, 1.0 / rate
         self.starts = starts or dict.fromkeys(values, 0)  # the round of each stream's first reading
         self.sent = 0
+        self.total = sum(len(v) for v in values.values())
+        self.flowing = threading.Event()  # cleared: the feeder pauses before its next round
+        self.flowing.set()
+
+    def wait_sent(self, count: int) -> None:
+        """Wait until ``count`` readings were published (or every reading was): the kill points are counts of
+        readings sent, so they fall at the same places in the input however fast the machine runs."""
+        wait_for(lambda: self.sent >= min(count, self.total) or not self.is_alive(), 60, interval=0.005,
+                 what=f"{count} readings sent")
 
     def run(self) -> None:
         n = max(self.starts[s] + len(v) for s, v in self.values.items())
@@ -58,6 +67,7 @@ class Feeder(threading.Thread):
             for s, v in self.values.items():
                 j = i - self.starts[s]
                 if 0 <= j < len(v):
+                    self.flowing.wait()
                     payload = json.dumps({"value": float(v[j]), "seq": j})
                     infos.append(self.client.publish(f"meters/{s}/reading", payload, qos=1))
                     self.sent += 1
@@ -77,6 +87,7 @@ class PlainFeeder(Feeder):
         for i in range(n):
             for s, v in self.values.items():
                 if i < len(v):
+                    self.flowing.wait()
                     infos.append(self.client.publish(f"meters/{s}/reading", f"{float(v[i]):g}", qos=1))
                     self.sent += 1
             time.sleep(self.pause)
@@ -123,14 +134,14 @@ def test_kill9_right_after_reconnect_never_counts_a_reading_without_seq_twice(mo
             daemon.wait_connected()
             if cycle == 0:
                 feeder.start()
-            time.sleep(kills.uniform(0.1, 0.5))
+            feeder.wait_sent(feeder.sent + kills.randint(25, 120))
             # the broker drops the daemon (a client takes its session over and leaves at once, acknowledging
             # nothing): the daemon reconnects, the broker redelivers what it had not seen acknowledged
             before = daemon.metrics().get("tops_mqtt_reconnects_total", 0.0)
             take_session_over(mosquitto.port, "tops-noseq-kill")
             wait_for(lambda d=daemon, b=before: d.metrics().get("tops_mqtt_reconnects_total", 0.0) > b, 10,
                      what="reconnect")
-            time.sleep(kills.uniform(0.0, 0.1) if cycle % 2 else kills.uniform(0.2, 0.5))
+            feeder.wait_sent(feeder.sent + (kills.randint(0, 8) if cycle % 2 else kills.randint(15, 40)))
             daemon.kill()  # SIGKILL, right after the reconnect on odd cycles
             logs.append(daemon.stderr())
         n_release = sum(len(v) - TEMPLATE["holdout"] for v in values.values())
@@ -151,25 +162,41 @@ def test_kill9_right_after_reconnect_never_counts_a_reading_without_seq_twice(mo
 
 def kill_cycles(cfg: Path, mport: int, tmp_path: Path, sub: Subscriber, feeder: Feeder, n_release: int,
                 kills: random.Random, after_kill: Callable[[], None] = lambda: None) -> list[str]:
-    """Five runs killed with SIGKILL at seeded random points while ``feeder`` publishes (readings keep coming while
-    the daemon is down; ``after_kill`` is called while it is), then a final run until ``n_release`` distinct releases
-    arrived; the runs' logs."""
+    """Five runs killed with SIGKILL at seeded random points of their progress (counts of readings processed) while
+    ``feeder`` publishes (readings keep coming while the daemon is down; ``after_kill`` is called while it is), then a final run
+    until ``n_release`` distinct releases arrived; the runs' logs."""
     logs: list[str] = []
+    span = feeder.total // 8  # the five runs and their down times end within the first 5/8 of the input
     for cycle in range(5):
         run_dir = tmp_path / f"run{cycle}"
         run_dir.mkdir()
         daemon = DaemonProcess(cfg, mport, run_dir)
         daemon.wait_connected()
+        feeder.flowing.set()
         if cycle == 0:
             feeder.start()
-        time.sleep(kills.uniform(0.3, 1.2))
+        processed_by_run(daemon, feeder, kills.randint(span // 4, span * 3 // 4))
         os.kill(daemon.proc.pid, signal.SIGKILL)
         daemon.kill()
         logs.append(daemon.stderr())
         after_kill()
-        time.sleep(kills.uniform(0.0, 0.5))
+        feeder.wait_sent(feeder.sent + kills.randint(0, span // 4))  # readings go on while the daemon is down
+        feeder.flowing.clear()  # until the next run is up: the cycles end at the same points of the input
     logs.append(final_run(cfg, mport, tmp_path, sub, feeder, n_release).stderr())
     return logs
+
+
+def processed_by_run(daemon: DaemonProcess, feeder: Feeder, count: int) -> None:
+    """Wait until this run of the daemon processed ``count`` readings and took a checkpoint (or, once the feeder is
+    done, took a checkpoint): a kill point in the daemon's own progress, the same on a slow machine as on a fast
+    one."""
+    def reached() -> bool:
+        m = daemon.metrics()
+        checkpointed = m.get("tops_checkpoint_seconds_count", 0.0) >= 1
+        done = m.get("tops_readings_total{result=ok}", 0.0) >= count or not feeder.is_alive()
+        return checkpointed and done
+
+    wait_for(reached, 60, interval=0.01, what=f"{count} readings processed by this run")
 
 
 def final_run(cfg: Path, mport: int, tmp_path: Path, sub: Subscriber, feeder: Feeder, n_release: int,
@@ -185,6 +212,7 @@ def final_run(cfg: Path, mport: int, tmp_path: Path, sub: Subscriber, feeder: Fe
 
     try:
         daemon.wait_connected()
+        feeder.flowing.set()
         feeder.join(60)
         assert not feeder.is_alive()
         wait_for(lambda: len(keys()) >= n_release, 30, what="every release")
