@@ -7,7 +7,7 @@ runs of ToPS (a fresh key each) release ``--released`` ticks after the holdout; 
 log-uniform lengths in [1, n] at uniform starts, are answered by ``stream.query.Releases`` from what the daemon
 publishes (the releases and the stream's status). Printed per length class: the share of windows whose interval
 holds the true sum, the same for the old noise-only bar (``total +- 1.96 noise sd``), and the median width of the
-interval over the true sum. Not a test: nothing here asserts (tests/test_coverage.py holds the checked version).
+interval over the true sum. Not a test: nothing here asserts (tests/query/test_coverage.py holds the checked version).
 """
 
 from __future__ import annotations

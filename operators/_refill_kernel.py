@@ -1,8 +1,9 @@
 """The noise drawn ahead of many rows of :mod:`operators.columnar` in one compiled call (numba, cache, no GIL).
 
 For each row, the consistent noise of its next leaves, bit for bit what its stream's own
-:class:`operators.hierarchy.ConsistentNoise` walk produces (seed 001, Appendix C; Hay et al., "Boosting the accuracy
-of differentially private histograms through consistency", VLDB 2010), from the row's key and position alone:
+:class:`operators.hierarchy.ConsistentNoise` walk produces (Wang et al., "Continuous Release of Data Streams under both
+Centralized and Local Differential Privacy", CCS 2021, Appendix C; Hay et al., "Boosting the accuracy of
+differentially private histograms through consistency", VLDB 2010), from the row's key and position alone:
 
 * every node's noise ``N(x)`` is sample ``i`` of ``(domain HIERARCHY << 16 | layer, address tree)`` of the stream's
   keyed generator: ChaCha20 block ``i`` of that keystream read by the exact discrete Laplace sampler
