@@ -8,8 +8,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 from tests.support import ROOT
 
 RANK = {"core": 0, "state": 1, "cluster": 2, "daemon": 3, "device": 2, "commands": 4, "query": 4}
@@ -134,7 +132,6 @@ def _reaches_paho(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) and node.id == "paho"
 
 
-@pytest.mark.xfail(strict=True, reason="durable state still patches the router and the link")
 def test_no_method_is_reassigned_at_run_time() -> None:
     """Layers are composed when objects are built, never patched in afterwards: no ``type: ignore[method-assign]``
     anywhere; no assignment, from outside its class, to an attribute that holds the router's intake or stream
