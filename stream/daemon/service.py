@@ -129,8 +129,10 @@ class Daemon:
         self._lock: IO[bytes] | None = None  # the data directory's lock (stream/daemon/preflight.py)
 
     def set_identity(self, identity: str, *, durable: bool) -> None:
-        """Use the state store's identity instead of the run's (called before the router exists)."""
-        assert not hasattr(self, "router"), "the identity must be fixed before the first stream"
+        """Use the state store's identity instead of the run's (called before any stream exists; durable state calls
+        it before the router is built)."""
+        router = getattr(self, "router", None)
+        assert router is None or not router.streams, "the identity must be fixed before the first stream"
         self.identity, self.identity_durable = identity, durable
 
     # -- lifecycle ------------------------------------------------------------------------------------------
