@@ -17,7 +17,6 @@ import gc
 import os
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -29,11 +28,11 @@ from stream.core.router import Router
 def births(cfg: ToPSConfig, n: int, rows: bool) -> tuple[float, Router]:
     """(seconds a new stream, the router) for ``n`` new streams made as objects or born as rows."""
     keys = iter([os.urandom(32) for _ in range(n)])
-    router = Router(lambda name: ToPS(cfg, next(keys)), n + 1)
+    if rows:  # the row made without its ToPS (the router's own release_row, once it uses columns)
+        router = Router(lambda name: router.release_row(cfg, next(keys)), n + 1)
+    else:
+        router = Router(lambda name: ToPS(cfg, next(keys)), n + 1)
     router.use_columns()
-    if rows:
-        make = partial(router.release_row, cfg)
-        router.factory = lambda name: make(next(keys))
     t0 = time.perf_counter()
     for i in range(n):
         router.record(f"m{i}", 1.0)

@@ -85,7 +85,6 @@ async def restart(tmp: Path, n: int, changed: int) -> None:
     dur = d.durable
     assert dur is not None
     print(f"restart with {n:,} stored streams: {dt:.2f} s to intake ({len(d.router.streams):,} streams in memory)")
-    dur.begin_intake()
     step = max(1, n // changed)
     lines = [f"m{k},{k % 90}".encode() for k in range(0, n, step)][:changed]
     t0 = time.perf_counter()

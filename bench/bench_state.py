@@ -54,7 +54,6 @@ async def checkpoints(tmp: Path, n: int) -> None:
     d.startup()
     assert d.durable is not None
     dur = d.durable
-    dur.begin_intake()
 
     async def timed(what: str) -> None:
         await dur._sync()  # the journal and the held releases as the sync loop would have left them
@@ -105,26 +104,30 @@ class FullPasses:
         return f"{len(self.times)} full collections while measured, the longest {longest * 1e3:.0f} ms"
 
 
+class GapTimedDaemon(Daemon):
+    """A daemon that records the time between two chunks of stdin lines once ``measuring`` is set."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.gaps: list[float] = []
+        self.last = 0.0
+        self.measuring = threading.Event()
+
+    def on_lines(self, lines: list[bytes]) -> None:
+        now = time.perf_counter()
+        if self.measuring.is_set():
+            if self.last:  # both calls while readings flow at the steady rate
+                self.gaps.append(now - self.last)
+            self.last = now
+        return super().on_lines(lines)
+
+
 async def stall(tmp: Path, n: int, seconds: float, rate: int, *, keep_heap: bool) -> None:
     r, w = os.pipe()
     stdin = os.fdopen(r, "rb")
-    d = Daemon(config(tmp, 1.0), stdin=stdin, stdout=open(os.devnull, "w"), install_signals=False,
-               heap=Heap() if keep_heap else None)
-    gaps: list[float] = []
-    orig = d.on_lines
-    last = [0.0]
-    measuring = threading.Event()
-
-    def on_lines(lines: list[bytes]) -> None:
-        now = time.perf_counter()
-        if not measuring.is_set():
-            return orig(lines)
-        if last[0]:  # both calls while readings flow at the steady rate
-            gaps.append(now - last[0])
-        last[0] = now
-        return orig(lines)
-
-    d.on_lines = on_lines  # type: ignore[method-assign]
+    d = GapTimedDaemon(config(tmp, 1.0), stdin=stdin, stdout=open(os.devnull, "w"), install_signals=False,
+                       heap=Heap() if keep_heap else None)
+    gaps, measuring = d.gaps, d.measuring
 
     def feed() -> None:
         out = os.fdopen(w, "wb")

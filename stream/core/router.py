@@ -1,4 +1,4 @@
-"""Routing by stream name to per-stream operators, created on first sight from the template.
+"""Routing by stream name to per-stream operators, created on first sight by the router's :class:`StreamMaker`.
 
 Every stream has one :class:`StreamRecord`: its name, operator, last ``seq``, tick counter and what waits to be
 processed. It is the one place that holds a stream's state (what a checkpoint will save). ``flush`` processes
@@ -8,6 +8,11 @@ the released ticks to ``emit``.
 A stream whose operator raises is marked *failed* (:meth:`Router.fail`): its status says so, it takes no more
 readings (result ``failed``) until the daemon restarts, and the other streams go on. A stream idle for
 ``[streams] idle_timeout`` leaves memory (:meth:`Router.evict`, after a checkpoint of its state: see the daemon).
+
+The router is its own intake (``add``, ``add_many``, ``add_plain``); a layer over it (the journal of durable state,
+stream/state/journaled.py) wraps the router object and is what the daemon calls. How a new stream is made is the
+router's :class:`StreamMaker`, given at construction (durable state gives one that admits it through the privacy
+ledger and restores its stored state, stream/state/admission.py).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from operators.tops import ToPS, choose_ends
 from stream.core.errors import StreamCapError
 from stream.core.ticking import CategoryBins, PeriodBins, PeriodClock
 
-__all__ = ["ReleaseBatch", "Router", "StreamRecord"]
+__all__ = ["ReleaseBatch", "Router", "StreamMaker", "StreamRecord"]
 
 log = logging.getLogger("tops.router")
 
@@ -119,12 +124,30 @@ def _by_store(recs: Iterable[StreamRecord]) -> list[tuple[Any, list[StreamRecord
     return list(groups.values())
 
 
-class Router:
-    """Streams by name, created from ``factory(name)`` on first sight, at most ``max_streams`` of them."""
+class StreamMaker:
+    """How a router makes a new stream: the operator from ``factory(name)``; the record starts from nothing.
 
-    def __init__(self, factory: Callable[[str], Any], max_streams: int, *, clock: PeriodClock | None = None,
-                 aggregate: str = "sum", event_time: bool = False) -> None:
+    A subclass given to the router at construction changes both (stream/state/admission.py: the ledger admits the
+    stream, and a stored one is restored)."""
+
+    def __init__(self, factory: Callable[[str], Any]) -> None:
         self.factory = factory
+
+    def operator(self, name: str, router: Router) -> Any:
+        """The operator of the new stream ``name`` (``router``: where rows of its columnar stores are made)."""
+        return self.factory(name)
+
+    def made(self, rec: StreamRecord) -> None:
+        """The router made the record of a new stream (its operator from :meth:`operator`): nothing to add here."""
+
+
+class Router:
+    """Streams by name, made by ``maker`` on first sight (a plain ``factory(name)`` is a :class:`StreamMaker` of
+    it), at most ``max_streams`` of them."""
+
+    def __init__(self, maker: StreamMaker | Callable[[str], Any], max_streams: int, *,
+                 clock: PeriodClock | None = None, aggregate: str = "sum", event_time: bool = False) -> None:
+        self.maker = maker if isinstance(maker, StreamMaker) else StreamMaker(maker)
         self.max_streams = max_streams
         self.clock = clock  # None: one reading = one tick
         self.count_events = aggregate == "count"
@@ -155,14 +178,15 @@ class Router:
         self.holdouts: dict[Any, ColumnarHoldout] | None = None
         self._holdout_of: dict[int, ColumnarHoldout] = {}  # id of a configuration object -> its columnar holdout
 
-    def use_columns(self, capacity: int = 1024, ahead: int = 16) -> None:
+    def use_columns(self, capacity: int = 1024, ahead: int = 16, *, rows: ColumnarRelease | None = None) -> None:
         """Keep releasing ToPS streams (Recent smoother, lower = 0) as rows of one columnar store from now on, each
         with the noise of ``ahead`` leaves drawn ahead, and ToPS streams in their holdout on the compact grid as rows of
         a columnar holdout. The rows that run out of noise in a step are refilled together in one compiled call, and a
         row keeps its walk between refills, so a refill's draws do not depend on ``ahead``: 16 leaves (the default
-        fanout, so a refill enters whole leaf groups) cost 128 B of a row."""
+        fanout, so a refill enters whole leaf groups) cost 128 B of a row. ``rows``: the columnar store to use (a
+        test's, which fails on demand) instead of a new one."""
         if self.pool is None:
-            self.pool = ColumnarRelease(capacity=max(1, capacity), ahead=ahead)
+            self.pool = rows if rows is not None else ColumnarRelease(capacity=max(1, capacity), ahead=ahead)
         if self.holdouts is None:
             self.holdouts = {}
 
@@ -229,7 +253,7 @@ class Router:
         if len(self.streams) >= self.max_streams:
             msg = f"stream cap of {self.max_streams} reached"
             raise StreamCapError(msg)
-        op = self.factory(name)
+        op = self.maker.operator(name, self)
         rec = StreamRecord(name=name, operator=op, name_json=encode_basestring_ascii(name), phase=op.phase,
                            last_seen=time.monotonic())
         if self.clock is not None:
@@ -244,16 +268,18 @@ class Router:
         else:
             self._adopt(rec)
         self.status_now.append((rec, rec.phase))
+        self.maker.made(rec)
         return rec
 
     def records_new(self, names: list[str], ops: list[Any], identity: str) -> list[StreamRecord]:
         """The records :meth:`record` makes of new streams ``names`` (none known yet, distinct, within the cap) whose
         operators, made together, are ``ops``: holdout rows (:meth:`holdout_rows`), in a router without periods (what
-        a chunk of stdin's new streams get). ``identity``: the one their keys derive from."""
+        a chunk of stdin's new streams get), whose maker is a plain one (it adds nothing to a new record).
+        ``identity``: the one their keys derive from."""
         streams, status_now = self.streams, self.status_now
         if self.clock is not None or len(streams) + len(names) > self.max_streams \
-                or not all(type(op) is HoldoutRow for op in ops):
-            msg = "records_new takes new holdout rows within the stream cap, without periods"
+                or type(self.maker) is not StreamMaker or not all(type(op) is HoldoutRow for op in ops):
+            msg = "records_new takes new holdout rows within the stream cap, without periods, with a plain maker"
             raise ValueError(msg)
         mono = time.monotonic()
         seen = self.seen
@@ -359,8 +385,6 @@ class Router:
                 del seen[w]
         return out
 
-    _accept = add  # the router's own add (durable state wraps ``add`` and ``add_many`` on the instance)
-
     def add_many(self, rec: StreamRecord, values: list[float], ts: list[float | None] | None,
                  seqs: list[int | None] | None, now: float) -> list[int] | None:
         """:meth:`add` for the readings of one message, as columns (``ts``/``seqs`` None: no reading carries one);
@@ -384,7 +408,7 @@ class Router:
                 if self.seen is not None:
                     self._seen_now(rec)
             return None
-        accept = self._accept
+        accept = self.add
         kept = [i for i, v in enumerate(values)
                 if accept(rec, v, None if ts is None else ts[i], None if seqs is None else seqs[i], now) == "ok"]
         return None if len(kept) == len(values) else kept

@@ -1,3 +1,3 @@
 """``tops run``: the long-running daemon (``service``), its MQTT and stdin sources (``sources``), durable state
-wired into its lifecycle (``durability``) and the checks before it starts (``preflight``). Imports ``state`` and
-``core``."""
+composed into it as it is built (``durability``; ``repeats``, the MQTT link's filter of redelivered messages) and the
+checks before it starts (``preflight``). Imports ``state`` and ``core``."""

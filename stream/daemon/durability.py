@@ -1,17 +1,27 @@
-"""Durable state of ``tops run``: the state store and the input journal wired into the daemon's lifecycle.
+"""Durable state of ``tops run``: the state store and the input journal, composed into the daemon as it is built.
 
-:meth:`Durability.open` (startup) opens the store (refusing a corrupt one or one made with another master key),
-restores the stored streams through the privacy ledger (with period ticks all of them at once; with one tick per
-reading each at its next reading, as after an eviction; changed privacy parameters stop the start unless a new
+:meth:`Durability.open` (startup, before the router and the MQTT link exist) opens the store (refusing a corrupt one
+or one made with another master key) and the journal, and fixes the identity the stream keys derive from. The
+daemon then builds its parts with the layers durable state gives it:
+
+- the router with :meth:`Durability.admitting`'s stream maker (stream/state/admission.py): new streams are admitted
+  by the privacy ledger, keyed by their generation, and restored from their stored state;
+- its intake through :meth:`Durability.journaled` (stream/state/journaled.py): the daemon calls that object, so every
+  reading the router accepts is appended to the journal (the readings of one message make one line);
+- the MQTT link, when readings come over MQTT, with manual acknowledgements and the :attr:`Durability.repeats`
+  filter (stream/daemon/repeats.py): a QoS 1 message the broker sends again after it was processed is acknowledged,
+  never processed twice.
+
+Then :meth:`Durability.restore` restores the stored streams (with period ticks all of them at once; with one tick
+per reading each at its next reading, as after an eviction; changed privacy parameters stop the start unless a new
 generation is asked for: the preflight checks every stored stream), puts the stored outbox back into the publish
-queue, re-processes the journal since the last checkpoint (re-producing byte-identical releases, published again)
-and checkpoints.
+queue, re-processes the journal since the last checkpoint through the router itself (re-producing byte-identical
+releases, published again) and checkpoints.
 
-While running, every accepted reading is appended to the journal (``Router.add``, ``Router.add_many`` and
-``Router.add_plain`` are wrapped; the readings of one message make one line) before it is processed;
-``sync_loop`` makes batches of them durable (write + fsync in a worker thread). Releases and status messages are
-*held* until the readings they depend on are durable, and QoS 1 messages are acknowledged only then; so whatever
-leaves the process can be re-produced from the journal, and a release is never made twice with different values.
+While running, ``sync_loop`` makes batches of journaled readings durable (write + fsync in a worker thread).
+Releases and status messages are *held* until the readings they depend on are durable, and QoS 1 messages are
+acknowledged only then; so whatever leaves the process can be re-produced from the journal, and a release is never
+made twice with different values.
 
 A checkpoint (every ``checkpoint_interval`` s, after ``checkpoint_every`` ticks, at start and at shutdown) makes its
 cut in one event-loop step: rotate the journal (syncing what is buffered), release what was held, take the changed
@@ -31,7 +41,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,16 +50,16 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from prometheus_client import Counter
 
-from operators import ToPS
-from operators.columnar import RowOperator
-from operators.columnar_holdout import HoldoutRow
 from stream.core.config import stream_params
-from stream.core.keys import derive_stream_key, load_master_key
-from stream.core.router import ReleaseBatch, StreamRecord
+from stream.core.keys import load_master_key
+from stream.core.router import ReleaseBatch, Router
+from stream.daemon.repeats import RedeliveryFilter
 from stream.daemon.sources import published
+from stream.state.admission import AdmittedStreams
 from stream.state.disk import DiskRefused, DiskRetry
 from stream.state.journal import Journal
-from stream.state.records import apply_state, operator_snapshot, record_states
+from stream.state.journaled import JournaledIntake
+from stream.state.records import record_states
 from stream.state.redelivery import Redeliveries
 from stream.state.spill import Spill
 from stream.state.store import PrivacyParametersChanged, Store, StoreError
@@ -100,7 +110,9 @@ def private_dir(d: Path, what: str) -> None:
 
 
 class Durability:
-    """The store, the journal and what waits for them, for one daemon; use :meth:`open`.
+    """The store, the journal and what waits for them, for one daemon; use :meth:`open`, then build the router with
+    :meth:`admitting`, its intake with :meth:`journaled` and the MQTT link with :attr:`repeats`, then
+    :meth:`restore`.
 
     ``daemon`` is the :class:`stream.daemon.service.Daemon` it serves (typed ``Any``: the service imports this
     module, not the other way)."""
@@ -109,7 +121,6 @@ class Durability:
         cfg = daemon.cfg
         st = cfg.state
         self.daemon = daemon
-        self.router = daemon.router
         self.store = store
         self.journal = journal
         self.fsync = bool(st.fsync)
@@ -119,14 +130,13 @@ class Durability:
         self.checkpoint_every = int(st.checkpoint_every)
         self.fold_after = int(st.fold_after)
         self.new_generation = set(st.new_generation)
-        self.generations: dict[str, int] = {}  # the generation of a stream being created, for its record
         self.params = stream_params(cfg)
         self.master: bytes | None = None
         self.held: list[list[ReleaseBatch]] = []  # releases waiting for the sync of their readings
-        self.acks: list[tuple[Any, list[int]]] = []  # QoS 1 messages (client, mids of a batch) waiting for the sync
-        self.changed: set[str] = set()  # streams whose state changed since the last checkpoint
+        # streams whose state changed since the last checkpoint (shared with the stream maker and the journaled
+        # intake: changed in place, never replaced)
+        self.changed: set[str] = set()
         self.saved_in_holdout: set[str] = set()  # streams whose stored state holds a holdout histogram
-        self.restored: dict[str, dict[str, Any]] = {}
         self.releasing = False
         self.syncing = False
         self.wake = asyncio.Event()
@@ -145,23 +155,22 @@ class Durability:
         self.last_checkpoint_seconds = 0.0
         self.max_checkpoint_seconds = 0.0
         self.synced_readings = 0
-        self._base_factory = daemon.router.factory
-        self._add = daemon.router.add
-        self._add_many = daemon.router.add_many
-        self._add_plain = daemon.router.add_plain
-        # periods on the wall clock: the arrival time decides the period, whatever the reading's ts
-        self._arrival_time = daemon.router.clock is not None and not daemon.router.event_time
-        self._record = daemon.router.record
-        self._kind: tuple[type, Any] | None = None  # (operator class, its configuration): the same for every stream
-        self.redeliveries: Redeliveries | None = None  # MQTT QoS 1 input: repeats the broker may send
+        self.redeliveries: Redeliveries | None = None  # MQTT input: the messages the broker may send again
+        self.repeats: RedeliveryFilter | None = None  # the MQTT link's filter of them (and its acknowledgements)
         self.redelivered = Counter("tops_redeliveries_dropped", "QoS 1 messages the broker sent again after they "
                                    "were processed (acknowledged, not counted twice).",
                                    registry=daemon.metrics.registry)
 
+    @property
+    def router(self) -> Router:
+        """The daemon's router (built after :meth:`open`, with :meth:`admitting`'s maker)."""
+        return self.daemon.router
+
     # -- startup ------------------------------------------------------------------------------------------------
     @classmethod
     def open(cls, daemon: Any) -> Durability:
-        """Open the store and journal of ``[state] data_dir``, restore every stream, re-process the journal."""
+        """Open the store and journal of ``[state] data_dir``, fix the identity, make the MQTT input's filter of
+        repeats (before the daemon builds its router and link: :meth:`restore` restores the streams)."""
         cfg = daemon.cfg
         d = Path(cfg.state.data_dir).expanduser()
         try:
@@ -185,12 +194,21 @@ class Durability:
         self = cls(daemon, store, journal)
         try:
             self._bind_key()
-            self._install()
-            self._restore()
+            cfg = daemon.cfg
+            if cfg.uses_mqtt and cfg.input.source == "mqtt" and cfg.input.topics:
+                self._make_repeats(cfg.mqtt)
         except BaseException:
             store.close()
             raise
         return self
+
+    def restore(self) -> None:
+        """Restore every stream, re-process the journal, checkpoint (the daemon's router and link are built)."""
+        try:
+            self._restore()
+        except BaseException:
+            self.store.close()
+            raise
 
     def _bind_key(self) -> None:
         # the store's identity replaces the run's: restarts on this store derive the same keys (and reproduce their
@@ -208,89 +226,27 @@ class Durability:
                    f"another [state] data_dir)")
             raise StoreError(msg)
 
-    def _install(self) -> None:
-        r = self.router
-        r.factory = self.factory
-        r.record = self.record  # type: ignore[method-assign]
-        link = self.daemon.link
-        if link is not None and link.topics:
-            link.manual_ack = True
-            orig = link.on_messages
-            red = self.redeliveries = Redeliveries(self._digest_key(), grace=2.0 * link.settings.keepalive,
-                                                   mark=self.journal.append_mark)
-            state = {"dups": set(), "client": None, "pubs": deque(), "sent": 0, "confirmed": 0}
-            self._link_state = state
-            make_client = link._client
+    def _make_repeats(self, settings: Any) -> None:
+        """The MQTT input's redelivery table and the link's filter of it (a repeat is acknowledged, not processed;
+        entries without the broker's evidence go ``grace`` = two keepalives after their PUBACK)."""
+        red = self.redeliveries = Redeliveries(self._digest_key(), grace=2.0 * settings.keepalive,
+                                               mark=self.journal.append_mark)
+        self.repeats = RedeliveryFilter(red, persistent=settings.session == "persistent",
+                                        mark=self.journal.append_mark, on_repeat=self.redelivered.inc,
+                                        wake=self.wake.set)
 
-            def client_with_hooks(queue: Any) -> Any:
-                """The link's client, with what telling a repeat needs: each message's DUP flag, the CONNACK's
-                session flag, and which of our QoS >= 1 publishes the broker confirmed (all paho-mqtt 2)."""
-                client = make_client(queue)
-                paho = client._client
-                dups: set[int] = set()
-                pubs: deque[tuple[int, Any]] = deque()
-                deliver, connack, publish = paho.on_message, paho.on_connect, paho.publish
+    # -- the layers the daemon is built with --------------------------------------------------------------------
+    def admitting(self, factory: Callable[[str], Any], keyed: Callable[[bytes], Any]) -> AdmittedStreams:
+        """The router's stream maker: new streams admitted by the ledger, keyed by their generation (``keyed(key)``
+        makes the operator; ``factory(name)`` without a master key, in local mode), restored when stored."""
+        return AdmittedStreams(factory, keyed, store=self.store, params=self.params,
+                               new_generation=self.new_generation, master=self.master,
+                               identity=self.daemon.identity, changed=self.changed,
+                               saved_in_holdout=self.saved_in_holdout)
 
-                def on_message(c: Any, userdata: Any, msg: Any) -> None:
-                    if msg.qos:
-                        (dups.add if msg.dup else dups.discard)(msg.mid)
-                    deliver(c, userdata, msg)
-
-                def on_connect(*args: Any) -> None:
-                    connack(*args)
-                    state.update(dups=dups, client=client, pubs=pubs, sent=0, confirmed=0)
-                    if self.daemon.cfg.mqtt.session == "persistent":
-                        red.connected(session_present=link.session_present)
-                    else:
-                        red.connected(session_present=False)
-
-                def publish_counted(*args: Any, **kwargs: Any) -> Any:
-                    info = publish(*args, **kwargs)
-                    qos = args[2] if len(args) > 2 else kwargs.get("qos", 0)
-                    if state["client"] is client:
-                        state["sent"] += 1
-                        if qos:
-                            pubs.append((state["sent"], info))
-                    return info
-
-                paho.on_message, paho.on_connect, paho.publish = on_message, on_connect, publish_counted
-                return client
-
-            link._client = client_with_hooks  # type: ignore[method-assign]
-
-            def on_messages(batch: list[Any]) -> None:
-                client = link.client
-                if client is None or client is not state["client"]:  # a lost session's backlog: never repeated
-                    mids = [m.mid for m in batch if m.qos]
-                    if mids:
-                        self.acks.append((client, mids))
-                    orig(batch)
-                    return
-                dups, digest = state["dups"], red.digest
-                mids, fresh, kept = [], [], []
-                for m in batch:
-                    if not m.qos:
-                        fresh.append(m)
-                        continue
-                    mid = m.mid
-                    mids.append(mid)
-                    d = digest(m.topic.value, m.payload)
-                    if red.is_repeat(mid, d, dup=mid in dups):
-                        red.dropped += 1
-                        self.redelivered.inc()
-                        continue
-                    red.keep(mid, d)
-                    kept.append([mid, d])
-                    fresh.append(m)
-                if mids:
-                    self.acks.append((client, mids))
-                orig(fresh)
-                if kept:  # after the message's readings: the same sync makes both durable (whole syncs only)
-                    self.journal.append_mark({"u": kept})
-                if len(fresh) < len(batch):
-                    self.wake.set()
-
-            link.on_messages = on_messages
+    def journaled(self, router: Router) -> JournaledIntake:
+        """The intake the daemon calls: ``router``'s, every accepted reading appended to the journal."""
+        return JournaledIntake(router, self.journal, self.changed)
 
     def _digest_key(self) -> bytes:
         """The key of the redelivery digests: from the master key (or, in local mode, a random one in the store)."""
@@ -305,14 +261,9 @@ class Durability:
 
     def _confirm(self) -> None:
         """Drop the redelivery entries whose acknowledgement the broker has (see stream.state.redelivery)."""
-        red, link = self.redeliveries, self.daemon.link
-        if red is None or link is None:
-            return
-        state = self._link_state
-        pubs = state["pubs"]
-        while pubs and published(pubs[0][1]):
-            state["confirmed"] = pubs.popleft()[0]
-        red.confirm(state["confirmed"], connected=link.connected.is_set() and link.client is state["client"])
+        repeats, link = self.repeats, self.daemon.link
+        if repeats is not None and link is not None:
+            repeats.confirm(link.client, link.connected.is_set())
 
     def _restore(self) -> None:
         daemon, router = self.daemon, self.router
@@ -359,7 +310,7 @@ class Durability:
             if rec is None:
                 skipped += 1
                 continue
-            self._add(rec, rec_j.value, rec_j.ts, rec_j.seq, rec_j.ts)
+            router.add(rec, rec_j.value, rec_j.ts, rec_j.seq, rec_j.ts)  # the router's own: not journaled again
             self.changed.add(rec.name)
             n += 1
             if n % 5000 == 0:
@@ -378,93 +329,6 @@ class Durability:
                  n_stored, "all restored" if eager else f"{len(router.streams)} restored, the others at their next "
                  "reading", readings, past_cap, len(outbox), time.perf_counter() - t0)
 
-    # -- streams ------------------------------------------------------------------------------------------------
-    def factory(self, name: str) -> Any:
-        """The operator of ``name``: admitted by the ledger, keyed by its generation, restored when stored."""
-        # the ledger entry of a new stream is written by the next checkpoint (Store.admit, defer)
-        adm = self.store.admit(name, self.params, new_generation=name in self.new_generation, defer=True)
-        self.generations[name] = adm.generation  # for its record's status (Durability.record)
-        keyed = self.master is not None and not self.daemon.local
-        key: bytes | None = None
-        if keyed:
-            # the store's identity, which _bind_key made the daemon's
-            key = derive_stream_key(self.master, name, identity=self.daemon.identity, generation=adm.generation)
-        kind = self._kind
-        if adm.state is None or kind is None:  # a new stream (or the first of this run: its kind is learnt)
-            op = self.daemon.keyed_operator(key) if keyed else self._base_factory(name)
-            born_row = type(op) is HoldoutRow or type(op) is RowOperator
-            if keyed:  # a new stream may be born a row (Router.holdout_row, Router.release_row): its kind is ToPS
-                self._kind = (ToPS if born_row else type(op), op.config)
-            if adm.state is None:
-                self.changed.add(name)
-                return op
-            if born_row:  # made only to learn the kind: its row goes back
-                op.free()
-            kind = self._kind or (type(op), op.config)
-        try:  # a stored stream: its operator is made from the snapshot (no fresh one built first)
-            snap = operator_snapshot(adm.state, kind[1])
-            pool = self.router.pool
-            row = pool.add_snapshot(kind[1], key, snap) if pool is not None and kind[0] is ToPS and keyed else None
-            # a releasing stream goes straight into a row of the columnar store (the router's _adopt would move it
-            # there anyway); any other is restored as its operator
-            op = RowOperator(pool, row) if row is not None else kind[0].restore(kind[1], key, snap)
-        except (KeyError, TypeError, ValueError) as exc:
-            # the exception's text may quote the stored state (a holdout's counts are private): its type only
-            msg = (f"stream {name!r}: the stored state does not fit the configuration ({type(exc).__name__}); its "
-                   f"readings are refused (restore the old configuration, or start a new generation: "
-                   f"--new-generation {name})")
-            raise StoreError(msg) from None
-        self.restored[name] = adm.state
-        if op.phase == "holdout":
-            self.saved_in_holdout.add(name)
-        return op
-
-    def record(self, name: str, now: float | None = None) -> StreamRecord:
-        rec = self._record(name, now)
-        rec.generation = self.generations.pop(name, rec.generation)
-        state = self.restored.pop(name, None)
-        if state is not None:
-            apply_state(rec, state)
-        return rec
-
-    def journaled_add(self, rec: StreamRecord, value: float, ts: float | None, seq: int | None, now: float) -> str:
-        """``Router.add``, then the accepted reading goes to the journal (with the time its tick was decided by:
-        the tick's ts with one reading per tick, the time that chose the period with periods)."""
-        result = self._add(rec, value, ts, seq, now)
-        if result == "ok":
-            t = now if ts is None or self._arrival_time else ts
-            self.journal.append_json(rec.name_json, value, t, seq)
-            self.changed.add(rec.name)
-        return result
-
-    def journaled_add_many(self, rec: StreamRecord, values: list[float], ts: list[float | None] | None,
-                           seqs: list[int | None] | None, now: float) -> list[int] | None:
-        """``Router.add_many``, then the accepted readings of the message go to the journal as one line (each with
-        the time its tick was decided by, as in :meth:`journaled_add`)."""
-        kept = self._add_many(rec, values, ts, seqs, now)
-        if kept is not None:
-            if not kept:
-                return kept
-            values = [values[i] for i in kept]
-            ts = None if ts is None else [ts[i] for i in kept]
-            seqs = None if seqs is None else [seqs[i] for i in kept]
-        t: float | list[float] = now if ts is None or self._arrival_time else [now if x is None else x for x in ts]
-        self.journal.append_many(rec.name_json, values, t, seqs)
-        self.changed.add(rec.name)
-        return kept
-
-    def journaled_add_plain(self, recs: list[StreamRecord], values: list[float], now: float) -> list[int]:
-        """``Router.add_plain``, then every reading it accepted goes to the journal, in its order (the readings it
-        leaves go through :meth:`journaled_add`)."""
-        left = self._add_plain(recs, values, now)
-        append, changed = self.journal.append_json, self.changed
-        skip = set(left)
-        for i, rec in enumerate(recs):
-            if i not in skip:
-                append(rec.name_json, values[i], now, None)
-                changed.add(rec.name)
-        return left
-
     # -- holding releases until their readings are durable ------------------------------------------------------
     def hold(self, batches: list[ReleaseBatch]) -> bool:
         """Called by ``Daemon.emit``: True when the releases must wait for the next sync (they are kept)."""
@@ -472,7 +336,8 @@ class Durability:
             return False
         if self.router.ticks_total - self.ticks_at_checkpoint >= self.checkpoint_every:
             self.checkpoint_due.set()
-        if self.journal.pending_records or self.syncing or self.held or self.acks or self.journal.unwritten:
+        if self.journal.pending_records or self.syncing or self.held or self.journal.unwritten \
+                or (self.repeats is not None and self.repeats.acks):
             if batches or self.router.status_now:
                 self.held.append(batches)
             self.wake.set()
@@ -489,14 +354,16 @@ class Durability:
         finally:
             self.releasing = False
 
+    def _take_acks(self) -> list[tuple[Any, list[int]]]:
+        """The QoS 1 messages (client, mids of a batch) waiting for the sync that is under way."""
+        return self.repeats.take_acks() if self.repeats is not None else []
+
     def _ack(self, acks: list[tuple[Any, list[int]]]) -> None:
         link = self.daemon.link
         if acks and link is not None:
             link.ack(acks)
-            red = self.redeliveries
-            if red is not None and link.connected.is_set() and link.client is self._link_state["client"]:
-                client, sent = link.client, self._link_state["sent"]
-                red.acked([mid for c, mids in acks if c is client for mid in mids], sent)
+            if self.repeats is not None:
+                self.repeats.acked(acks, link.client, link.connected.is_set())
 
     async def sync_loop(self) -> None:
         """Group commit: gather readings for ``fsync_interval`` (or ``fsync_batch`` of them), write and fsync in a
@@ -513,15 +380,17 @@ class Durability:
         """Write and fsync what the journal took, waiting for the disk while it refuses (nothing is accepted,
         released or acknowledged meanwhile), then release and acknowledge what waited for it."""
         self.journal.take()
-        held, acks = self.held, self.acks
-        self.held, self.acks = [], []
+        held, acks = self.held, self._take_acks()
+        self.held = []
         n = 0
         if self.journal.unwritten:
             self.syncing = True
             try:
                 n = await self.disk.run("journal", self.journal.write_durable, fsync=self.fsync, thread=True)
             except DiskRefused:  # stopping on a full disk: what was not written was never accepted
-                self.held, self.acks = held + self.held, acks + self.acks
+                self.held = held + self.held
+                if self.repeats is not None:
+                    self.repeats.hand_back(acks)
                 return
             finally:
                 self.syncing = False
@@ -630,8 +499,8 @@ class Durability:
         if synced:
             self.synced_readings += synced
             self.daemon.metrics.journal_synced.inc(synced)
-        held, acks = self.held, self.acks
-        self.held, self.acks = [], []
+        held, acks = self.held, self._take_acks()
+        self.held = []
         self._release(held)
         self._ack(acks)
         self._confirm()
@@ -650,7 +519,7 @@ class Durability:
                 left_holdout.append(rec.name)
         red = self.redeliveries
         meta = None if red is None else {"redeliveries": json.dumps(red.snapshot(), separators=(",", ":"))}
-        self.changed = set()  # what changes from now on is after the cut: the next checkpoint's
+        self.changed.clear()  # what changes from now on is after the cut: the next checkpoint's
         self.ticks_at_checkpoint = router.ticks_total  # the next one is due checkpoint_every ticks after this cut
         cut = _Cut(states, position, self.outbox(), meta, None if spill is None else spill.read_pos, left_holdout,
                    t0, self.store.take_admissions())
@@ -717,16 +586,9 @@ class Durability:
         return items
 
     def start(self, tg: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
-        """Start the sync and checkpoint loops; intake goes through the journal from now on."""
-        self.begin_intake()
+        """Start the sync and checkpoint loops."""
         return [tg.create_task(self.sync_loop(), name="tops.state.sync"),
                 tg.create_task(self.checkpoint_loop(), name="tops.state.checkpoint")]
-
-    def begin_intake(self) -> None:
-        """From now on every accepted reading is appended to the journal."""
-        self.router.add = self.journaled_add  # type: ignore[method-assign]
-        self.router.add_many = self.journaled_add_many  # type: ignore[method-assign]
-        self.router.add_plain = self.journaled_add_plain  # type: ignore[method-assign]
 
     def close(self) -> None:
         """The last checkpoint is taken by the drain; close the files."""

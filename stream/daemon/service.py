@@ -52,6 +52,7 @@ from stream.daemon.heap import Heap
 from stream.daemon.phaselog import PhaseLog
 from stream.daemon.preflight import DataDirLocked, lock_data_dir, preflight
 from stream.daemon.sources import OVERLONG_LINE, MqttLink, StdinSource, TopicRouter
+from stream.state.journaled import JournaledIntake
 from stream.state.store import StoreError
 
 __all__ = ["Daemon", "add_arguments", "main"]
@@ -128,8 +129,10 @@ class Daemon:
         self._lock: IO[bytes] | None = None  # the data directory's lock (stream/daemon/preflight.py)
 
     def set_identity(self, identity: str, *, durable: bool) -> None:
-        """Use the state store's identity instead of the run's (called before any stream exists)."""
-        assert not self.router.streams, "the identity must be fixed before the first stream"
+        """Use the state store's identity instead of the run's (called before any stream exists; durable state calls
+        it before the router is built)."""
+        router = getattr(self, "router", None)
+        assert router is None or not router.streams, "the identity must be fixed before the first stream"
         self.identity, self.identity_durable = identity, durable
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -176,13 +179,28 @@ class Daemon:
             self.operator_factory = lambda name: self.keyed_operator(
                 derive_stream_key(master, name, identity=self.identity))
             self._master = master
+        if cfg.state.data_dir:  # one daemon per data directory; its layers are composed into what is built next
+            with contextlib.suppress(OSError):  # if it cannot be made, Durability.open says why
+                Path(cfg.state.data_dir).expanduser().mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                self._lock = lock_data_dir(cfg.state.data_dir)
+            except DataDirLocked as exc:
+                raise StartupError(str(exc)) from None
+            except OSError:
+                self._lock = None  # Durability.open says what is wrong with the directory
+            self.durable = Durability.open(self)
+        durable = self.durable
         clock = None
         if cfg.ticks.mode == "period":
             clock = PeriodClock(cfg.ticks.period, cfg.ticks.lateness if cfg.ticks.clock == "event" else 0.0)
-        self.router = Router(self.operator_factory, cfg.streams.max_streams, clock=clock,
-                             aggregate=cfg.ticks.aggregate, event_time=cfg.ticks.clock == "event")
+        # with durable state new streams are admitted by the ledger and restored when stored
+        maker = durable.admitting(self.operator_factory, self.keyed_operator) if durable is not None \
+            else self.operator_factory
+        self.router = Router(maker, cfg.streams.max_streams, clock=clock, aggregate=cfg.ticks.aggregate,
+                             event_time=cfg.ticks.clock == "event")
         if category is None and not self.local and cfg.streams.method == "tops":
             self.router.use_columns()  # releasing streams as rows of one columnar store (operators/columnar.py)
+        self.intake = self.intake_of(self.router)
         m = self.metrics
         m.watch(m.streams_active, lambda: len(self.router.streams))
         m.watch(m.streams_holdout, lambda: self.router.in_holdout)
@@ -190,11 +208,13 @@ class Daemon:
         if cfg.uses_mqtt:
             self.pubq = PublishQueue(cfg.output.publish_queue)
             mqtt_out = "mqtt" in cfg.output.sinks
+            # with durable state QoS 1 readings are acknowledged once journaled, and the broker's repeats dropped
             self.link = MqttLink(
                 cfg.mqtt, topics=cfg.input.topics if cfg.input.source == "mqtt" else [], in_qos=cfg.input.qos,
                 out_qos=cfg.output.qos, pubq=self.pubq, metrics=m, on_messages=self.on_mqtt_messages,
                 max_batch=cfg.input.max_batch, inflight=cfg.output.inflight, max_queue=cfg.input.max_queue,
-                ack_timeout=cfg.mqtt.timeout)
+                ack_timeout=cfg.mqtt.timeout, manual_ack=durable is not None,
+                repeats=durable.repeats if durable is not None else None)
             if cfg.input.source == "mqtt":
                 self.topics = TopicRouter(cfg.input.topics)
                 m.watch(m.incoming_queue, self.link.queue_depth)
@@ -209,16 +229,8 @@ class Daemon:
             self.stdin = StdinSource(self.stdin_stream, max_line=cfg.input.max_payload_bytes)
             stdin = self.stdin
             m.watch(m.incoming_queue, lambda: stdin.queue.qsize())
-        if cfg.state.data_dir:  # one daemon per data directory; restore, re-process the journal, checkpoint
-            with contextlib.suppress(OSError):  # if it cannot be made, Durability.open says why
-                Path(cfg.state.data_dir).expanduser().mkdir(parents=True, exist_ok=True, mode=0o700)
-            try:
-                self._lock = lock_data_dir(cfg.state.data_dir)
-            except DataDirLocked as exc:
-                raise StartupError(str(exc)) from None
-            except OSError:
-                self._lock = None  # Durability.open says what is wrong with the directory
-            self.durable = Durability.open(self)
+        if durable is not None:  # restore, re-process the journal, checkpoint
+            durable.restore()
         self.announce_identity()
         try:
             m.serve(cfg.metrics.host, cfg.metrics.port)
@@ -236,6 +248,10 @@ class Daemon:
         log.info("started: input %s, sinks %s, ticks %s, metrics %s", cfg.input.source,
                  ",".join(cfg.output.sinks), cfg.ticks.mode,
                  f"{cfg.metrics.host}:{cfg.metrics.port}" if cfg.metrics.port else "off")
+
+    def intake_of(self, router: Router) -> Router | JournaledIntake:
+        """The intake the daemon calls: the router's own, or with durable state the journaled one over it."""
+        return self.durable.journaled(router) if self.durable is not None else router
 
     def keyed_operator(self, key: bytes) -> Any:
         """The operator of a central stream with its key: the categorical release, ToPS or a baseline."""
@@ -441,7 +457,8 @@ class Daemon:
             router.counts["invalid"] += bad
             self.rejected("invalid", "batch elements that are not finite numbers",
                           f"readings for stream {name!r}")
-        self.into_stream(rec, lambda: router.add_many(rec, values, ts, seqs, now))
+        intake = self.intake
+        self.into_stream(rec, lambda: intake.add_many(rec, values, ts, seqs, now))
 
     def into_stream(self, rec: StreamRecord, work: Callable[[], object]) -> None:
         """Run one message's ``work`` on its stream: counted ``ok``, or, if it raises, ``failed`` with the stream
@@ -457,7 +474,7 @@ class Daemon:
 
     def on_reports(self, name: str, payload: bytes, now: float) -> None:
         """Local mode: decode device reports, keep those made for the stream's current phase and theta."""
-        counts, router = self.msg_counts, self.router
+        counts, router, intake = self.msg_counts, self.router, self.intake
         try:
             reports, bad = decode_reports(payload)
         except PayloadError as exc:
@@ -487,7 +504,7 @@ class Daemon:
                     self.rejected("invalid", f"{verdict} report (another phase or theta, or out of range)",
                                   f"stream {name!r}")
                     continue
-                router.add(rec, y, ts, seq, now)
+                intake.add(rec, y, ts, seq, now)
 
         self.into_stream(rec, add_reports)
 
@@ -583,8 +600,7 @@ class Daemon:
         daemon's keyed factory as the router's: no durable state, no factory given; and no periods): then a stdin
         chunk's new streams are made together (:meth:`make_born`: their keys, rows and records), as one at a time
         they would be."""
-        router = self.router
-        if self._master is None or router.factory is not self.operator_factory or router.clock is not None:
+        if self._master is None or self.durable is not None or self.router.clock is not None:
             return False
         if self._keyed is None:
             self._keyed_maker()
@@ -602,7 +618,7 @@ class Daemon:
                   born: dict[str, int] | None = None) -> None:
         """The ``stream,value`` lines of known streams (one reading each), routed together; a line is one message.
         An int in ``recs``: the index of a new stream in ``born`` (:meth:`new_plain`), whose records are made first."""
-        router, counts = self.router, self.msg_counts
+        intake, counts = self.intake, self.msg_counts
         if born:
             try:
                 made = self.make_born(list(born))
@@ -616,7 +632,7 @@ class Daemon:
             else:
                 recs = [made[r] if type(r) is int else r for r in recs]  # type: ignore[index]
         try:
-            left = router.add_plain(recs, values, now)
+            left = intake.add_plain(recs, values, now)
         except OSError:  # the journal's disk: what a full disk does is decided there
             raise
         except Exception as exc:  # a bug: the streams of these lines fail (as one line's would), no other
@@ -629,7 +645,7 @@ class Daemon:
         for i in left:  # a failed stream, periods, a local holdout's reports: one at a time
             rec = recs[i]
             try:
-                counts["failed" if router.add(rec, values[i], None, None, now) == "failed" else "ok"] += 1
+                counts["failed" if intake.add(rec, values[i], None, None, now) == "failed" else "ok"] += 1
             except OSError:
                 raise
             except Exception as exc:
@@ -637,7 +653,7 @@ class Daemon:
 
     def on_line(self, line: bytes, now: float, limit: int, default: str | None) -> None:
         """One stdin line (``limit``: ``[input] max_payload_bytes``; ``default``: ``[input] default_stream``)."""
-        counts, router = self.msg_counts, self.router
+        counts, router, intake = self.msg_counts, self.router, self.intake
         if line == OVERLONG_LINE or len(line) > limit:  # the reader cut a line longer than the limit
             counts["too_large"] += 1
             self.rejected("too_large", f"line longer than max_payload_bytes = {limit}", "stdin line")
@@ -669,7 +685,7 @@ class Daemon:
                 self.cap_readings += 1
                 continue
             try:
-                if router.add(rec, value, ts, seq, now) == "failed":
+                if intake.add(rec, value, ts, seq, now) == "failed":
                     failed += 1
             except OSError:
                 raise

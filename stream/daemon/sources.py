@@ -23,7 +23,7 @@ import termios
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -33,6 +33,9 @@ from stream.core.errors import PayloadError
 from stream.core.metrics import Metrics
 from stream.core.payload import check_stream_name
 from stream.core.sinks import PublishQueue
+
+if TYPE_CHECKING:
+    from stream.daemon.repeats import RedeliveryFilter
 
 
 def _light_message_info() -> None:
@@ -279,16 +282,23 @@ PROBE_TOPIC = "tops/probe"  # never subscribed: unsubscribing it changes nothing
 
 
 class MqttLink:
-    """The broker connection of the daemon; ``run()`` is its one long-lived task."""
+    """The broker connection of the daemon; ``run()`` is its one long-lived task.
+
+    ``on_messages`` processes each batch received. With durable state the link is built with ``manual_ack`` (the
+    daemon acknowledges QoS 1 readings once the journal holds them) and a ``repeats`` filter, which the link tells
+    each connection's CONNACK, the DUP flag of each QoS 1 message, each message it publishes, and through which
+    each batch goes to ``on_messages`` (stream/daemon/repeats.py)."""
 
     def __init__(self, settings: Any, *, topics: list[str], in_qos: int, out_qos: int, pubq: PublishQueue,
                  metrics: Metrics, on_messages: Callable[[list[aiomqtt.Message]], None], max_batch: int,
-                 inflight: int, manual_ack: bool = False, max_queue: int = 10_000, ack_timeout: float = 10.0) -> None:
+                 inflight: int, manual_ack: bool = False, max_queue: int = 10_000, ack_timeout: float = 10.0,
+                 repeats: RedeliveryFilter | None = None) -> None:
         self.settings = settings
         self.ack_timeout = ack_timeout  # seconds without an answer while one is awaited: reconnect
         # True: the daemon acknowledges QoS 1 readings (ack(), after the journal); False: the link does, once
         # they are processed. Either way never on receipt, so that the broker holds what is not taken yet.
         self.manual_ack = manual_ack
+        self.repeats = repeats
         self.max_queue = max_queue
         self.overload = 0  # QoS 0 messages not taken (queue full), since the last take_overload()
         self._paused = False
@@ -470,15 +480,29 @@ class MqttLink:
         # without it paho skips building a reason code and properties for every message written.
         paho.on_publish = None
         self._install_reader(client)
-        if self._acks_qos1:
-            client._client.manual_ack_set(True)  # private: paho-mqtt 2, before connecting
-            aiomqtt_on_connect = client._client.on_connect
+        acks_qos1, repeats = self._acks_qos1, self.repeats
+        if acks_qos1:
+            paho.manual_ack_set(True)  # private: paho-mqtt 2, before connecting
+        if acks_qos1 or repeats is not None:
+            aiomqtt_on_connect = paho.on_connect
 
             def on_connect(c: Any, userdata: Any, flags: Any, *args: Any) -> None:
-                self.session_present = bool(getattr(flags, "session_present", False))
+                if acks_qos1:
+                    self.session_present = bool(getattr(flags, "session_present", False))
                 aiomqtt_on_connect(c, userdata, flags, *args)
+                if repeats is not None:
+                    repeats.connected(client, self.session_present)
 
-            client._client.on_connect = on_connect  # aiomqtt 2.x drops the CONNACK's session-present flag
+            paho.on_connect = on_connect  # aiomqtt 2.x drops the CONNACK's session-present flag
+        if repeats is not None:  # telling a repeat needs each QoS 1 message's DUP flag, which aiomqtt 2.x drops
+            deliver, dups = paho.on_message, repeats.dups
+
+            def on_message(c: Any, userdata: Any, msg: Any) -> None:
+                if msg.qos:
+                    (dups.add if msg.dup else dups.discard)(msg.mid)
+                deliver(c, userdata, msg)
+
+            paho.on_message = on_message
         return client
 
     async def run(self) -> None:
@@ -531,7 +555,7 @@ class MqttLink:
         client, self.client = self.client, None  # their message ids belong to the old session: never acked
         try:
             for k in range(0, len(backlog), self.max_batch):
-                self.on_messages(backlog[k:k + self.max_batch])
+                self._deliver(backlog[k:k + self.max_batch])
         finally:
             self.client = client
 
@@ -551,15 +575,22 @@ class MqttLink:
                 m = queue.get_nowait()
                 (self._backlog if m.qos else now).append(m)
             for k in range(0, len(now), self.max_batch):
-                self.on_messages(now[k:k + self.max_batch])
+                self._deliver(now[k:k + self.max_batch])
         else:
             self._drain(queue, None)
         if self._stop_intake:
             self.intake_done.set()
 
+    def _deliver(self, batch: list[aiomqtt.Message]) -> None:
+        """Hand a batch to ``on_messages``, through the ``repeats`` filter if there is one."""
+        if self.repeats is None:
+            self.on_messages(batch)
+        else:
+            self.repeats.deliver(batch, self.client, self.on_messages)
+
     def _process(self, batch: list[aiomqtt.Message], client: aiomqtt.Client | None) -> None:
         """Process a batch; without durable state its QoS 1 messages are acknowledged now (processed)."""
-        self.on_messages(batch)
+        self._deliver(batch)
         if client is not None and not self.manual_ack and self._acks_qos1:
             mids = [m.mid for m in batch if m.qos]
             if mids:
@@ -702,12 +733,14 @@ class MqttLink:
 
     async def _publish_loop(self, client: aiomqtt.Client) -> None:
         paho = client._client  # private: publish without awaiting each confirmation (aiomqtt 2.x)
-        pubq, items, inflight, qos = self.pubq, self.pubq.items, self.inflight, self.out_qos
+        pubq, items, inflight, qos, repeats = self.pubq, self.pubq.items, self.inflight, self.out_qos, self.repeats
         while True:
             pubq.taken()  # read back what waits on disk, wake an intake waiting for room
             while items and len(inflight) < self.window:
                 item = items.popleft()
                 info = paho.publish(item[0], item[1], qos, item[2])
+                if repeats is not None:  # the broker's confirmation of it: evidence that it has earlier PUBACKs
+                    repeats.published(client, info, qos)
                 if info.rc != 0:
                     items.appendleft(item)
                     msg = f"publish refused (code {info.rc})"

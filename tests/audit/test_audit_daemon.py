@@ -31,7 +31,6 @@ the same statistic, outside the daemon (the daemon makes its own store), to show
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +41,7 @@ from operators.config import ToPSConfig
 from stream.core.config import build_config
 from stream.daemon import service as daemon_mod
 from tests.audit._audit import audit_key, eps_lower_bound, event_hits, scale_noise_epsilon
+from tests.support import release_lines
 
 EPS = 1.0
 BOUND = 10.0
@@ -94,8 +94,7 @@ def _daemon_releases(tmp: Path, label: str, tpl: dict, streams: int, readings: n
         d.on_lines(lines[at : at + CHUNK])
     assert all(type(rec.operator) is RowOperator for rec in d.router.streams.values()), "not the rows' path"
     rel = np.full((streams, readings.size), np.nan)
-    for line in out.getvalue().splitlines():
-        r = json.loads(line)
+    for r in release_lines(out.getvalue()):
         assert r["epsilon"] == EPS and r["theta"] == THETA
         rel[int(r["stream"][1:]), r["tick"]] = r["value"]
     assert not np.isnan(rel).any(), "a reading without its release"

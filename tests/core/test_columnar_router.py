@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 
-from operators.columnar import RowOperator
+from operators.columnar import ColumnarRelease, RowOperator
 from operators.config import ToPSConfig
 from operators.tops import ToPS
 from stream.core.router import Router
@@ -54,16 +54,23 @@ def test_evicted_streams_give_their_rows_back() -> None:
     assert sorted(rec.operator.row for rec in router.streams.values()) == rows
 
 
+class _FailingRows(ColumnarRelease):
+    """A columnar store whose pass raises while ``broken`` is set (a kernel bug injected at construction)."""
+
+    broken = False
+
+    def process(self, rows: np.ndarray, values: np.ndarray, *, checked: bool = False) -> np.ndarray:
+        if self.broken:
+            raise RuntimeError("kernel bug")
+        return super().process(rows, values, checked=checked)
+
+
 def test_a_failing_pass_fails_its_streams_only(caplog: pytest.LogCaptureFixture) -> None:
     router = Router(lambda name: ToPS(CFG, key_of(name)), 100)
-    router.use_columns()
+    router.use_columns(rows=_FailingRows(capacity=1024, ahead=16))
     feed_router(router, [(f"m{i % 4}", 5.0) for i in range(100)], 10)  # four streams releasing (rows)
     assert router.pool is not None
-
-    def broken(rows: np.ndarray, values: np.ndarray, **kwargs: object) -> np.ndarray:
-        raise RuntimeError("kernel bug")
-
-    router.pool.process = broken  # type: ignore[method-assign]
+    router.pool.broken = True
     with caplog.at_level(logging.ERROR, logger="tops.router"):
         got = feed_router(router, [("m0", 1234.5), ("m1", 5.0), ("fresh", 6.0)], 3)
     assert got == {}

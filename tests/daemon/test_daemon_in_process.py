@@ -104,7 +104,6 @@ def test_idle_eviction_finds_the_idle_streams_without_walking_every_stream(tmp_p
                                     "template": {**TPL, "holdout": 100}}})
     d = daemon_mod.Daemon(cfg, stdin=io.BytesIO(b""), stdout=io.StringIO(), install_signals=False)
     d.startup()
-    d.durable.begin_intake()
     d.router.track_idle(0.075)  # what the evict loop does: windows of a quarter of idle_timeout
     d.on_lines([f"s{k},{k % 50}".encode() for k in range(2000)])
     _time.sleep(0.4)

@@ -18,6 +18,7 @@ import pytest
 from stream.core.config import build_config, build_operator
 from stream.core.keys import derive_stream_key, load_master_key
 from stream.daemon import service as daemon_mod
+from tests.support import release_lines
 
 TPL = {"epsilon": 1.0, "bound": 20.0, "holdout": 6, "fanout": 2, "query_range": 64}
 
@@ -33,8 +34,7 @@ def _daemon(tmp_path: Path, template: dict | None = None, **streams: object) -> 
 
 def _releases(text: io.StringIO) -> dict[str, dict[int, float]]:
     out: dict[str, dict[int, float]] = {}
-    for line in text.getvalue().splitlines():
-        r = json.loads(line)
+    for r in release_lines(text.getvalue()):
         out.setdefault(r["stream"], {})[r["tick"]] = r["value"]
     return out
 
@@ -103,22 +103,39 @@ def test_a_local_holdouts_plain_lines_are_reports_not_ticks(tmp_path: Path) -> N
     assert d.msg_counts["ok"] == 61
 
 
+class _BatchBug:
+    """An intake whose batch path raises while ``broken`` is set (a bug injected at construction)."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.broken = inner, False
+        self.add, self.add_many = inner.add, inner.add_many
+
+    def add_plain(self, recs: list, values: list[float], now: float) -> list[int]:
+        if self.broken:
+            raise RuntimeError("injected")
+        return self.inner.add_plain(recs, values, now)
+
+
+class _DaemonWithBatchBug(daemon_mod.Daemon):
+    def intake_of(self, router: object) -> _BatchBug:
+        return _BatchBug(super().intake_of(router))
+
+
 def test_a_batch_whose_routing_raises_fails_its_streams_and_the_daemon_goes_on(tmp_path: Path) -> None:
     """The attack (a bug injected into the batch path): the streams of the batch are failed and its lines counted
     ``failed``, as a line whose handling raises is; the daemon does not stop, and the next chunk's streams go on."""
-    d, text = _daemon(tmp_path)
+    cfg = build_config({"metrics": {"port": 0}, "state": {"data_dir": ""}, "input": {"source": "stdin"},
+                        "streams": {"key_file": str(tmp_path / "k"), "template": TPL}})
+    text = io.StringIO()
+    d = _DaemonWithBatchBug(cfg, stdin=io.BytesIO(b""), stdout=text, install_signals=False)
+    d.startup()
     d.on_lines([b"a,1", b"b,2", b"c,3"])
-    real = d.router.add_plain
-
-    def broken(recs, values, now):
-        raise RuntimeError("injected")
-
-    d.router.add_plain = broken  # type: ignore[method-assign]
+    d.intake.broken = True
     failed = d.msg_counts["failed"]
     d.on_lines([b"a,1", b"b,2", b"a,3"])
     assert d.msg_counts["failed"] - failed == 3
     assert d.router.streams["a"].failed and d.router.streams["b"].failed and not d.router.streams["c"].failed
-    d.router.add_plain = real  # type: ignore[method-assign]
+    d.intake.broken = False
     d.on_lines([f"c,{i % 20}".encode() for i in range(20)])
     assert d.router.streams["c"].ticks == 21 and len(_releases(text)["c"]) == 21 - TPL["holdout"]
 

@@ -209,8 +209,7 @@ def test_a_broker_sigkill_never_counts_a_reading_with_seq_twice(mosquitto_acl, t
             d.close()
         daemon.kill()
     ticks_of: dict[tuple[str, float], set[int]] = {}
-    for line in out.read_text().splitlines():
-        r = json.loads(line)
+    for r in release_lines(out.read_text()):
         ticks_of.setdefault((r["stream"], r["ts"]), set()).add(r["tick"])
     twice = {k: t for k, t in ticks_of.items() if len(t) > 1}
     assert not twice, f"{len(twice)} readings counted twice"

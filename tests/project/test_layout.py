@@ -1,6 +1,7 @@
 """The runtime's folders import in one direction (``commands -> daemon -> cluster -> state -> core -> operators``,
-``device -> core``, ``query``, the consumer's side, beside ``commands``), ``operators`` never imports ``stream``, no module imports one that imports it back, and test
-modules take their shared helpers from tests/support.py, never from another test module."""
+``device -> core``, ``query``, the consumer's side, beside ``commands``), ``operators`` never imports ``stream``, no
+module imports one that imports it back, test modules take their shared helpers from tests/support.py, never from
+another test module, and no method is reassigned at run time (layers are composed at construction)."""
 
 from __future__ import annotations
 
@@ -91,3 +92,62 @@ def test_test_modules_take_shared_helpers_from_the_support_module() -> None:
             bad += [f"{f.relative_to(ROOT)} imports {m}" for m in names
                     if m.split(".")[0] == "tests" and m != "tests" and m not in allowed]
     assert not bad, bad
+
+
+# Attributes that hold the router's intake and stream maker, and the MQTT link's client maker, message handler and
+# acknowledgement mode: what durable state used to replace on the instances at run time. A layer is composed at
+# construction instead.
+REASSIGNED_NAMES = {"add", "add_many", "add_plain", "record", "factory", "_client", "on_messages", "manual_ack"}
+# Where paho-mqtt's and aiomqtt's internals may be touched (the one module that knows them).
+PAHO_MODULE = "stream/daemon/sources.py"
+
+
+def _assigned_attributes(tree: ast.AST) -> list[tuple[int, ast.Attribute]]:
+    """Every ``X.name = ...`` target (also inside tuples, augmented and annotated assignments), with its line."""
+    out: list[tuple[int, ast.Attribute]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        while targets:
+            t = targets.pop()
+            if isinstance(t, ast.Tuple | ast.List):
+                targets.extend(t.elts)
+            elif isinstance(t, ast.Starred):
+                targets.append(t.value)
+            elif isinstance(t, ast.Attribute):
+                out.append((node.lineno, t))
+    return out
+
+
+def _reaches_paho(node: ast.expr) -> bool:
+    """Whether an expression names paho's client: a variable ``paho``, or ``something._client``."""
+    while isinstance(node, ast.Attribute | ast.Subscript | ast.Call):
+        if isinstance(node, ast.Attribute) and node.attr == "_client":
+            return True
+        node = node.value if not isinstance(node, ast.Call) else node.func
+    return isinstance(node, ast.Name) and node.id == "paho"
+
+
+def test_no_method_is_reassigned_at_run_time() -> None:
+    """Layers are composed when objects are built, never patched in afterwards: no ``type: ignore[method-assign]``
+    anywhere; no assignment, from outside its class, to an attribute that holds the router's intake or stream
+    maker or the MQTT link's client maker or message handler; and paho's client is changed only in the module that
+    owns the connection."""
+    bad = []
+    for d in ("stream", "operators", "tests", "bench"):
+        for f in sorted((ROOT / d).rglob("*.py")):
+            rel = str(f.relative_to(ROOT))
+            text = f.read_text()
+            bad += [f"{rel}:{i}: method-assign ignored" for i, line in enumerate(text.splitlines(), 1)
+                    if "ignore[method-assign" in line and rel != "tests/project/test_layout.py"]
+            for line, t in _assigned_attributes(ast.parse(text)):
+                outside = not (isinstance(t.value, ast.Name) and t.value.id == "self")
+                if outside and t.attr in REASSIGNED_NAMES:
+                    bad.append(f"{rel}:{line}: .{t.attr} assigned from outside its class")
+                elif rel != PAHO_MODULE and _reaches_paho(t.value):
+                    bad.append(f"{rel}:{line}: paho's client changed outside {PAHO_MODULE}")
+    assert not bad, "\n".join(bad)

@@ -196,7 +196,6 @@ def test_the_daemon_folds_once_fold_after_states_wait_and_truncates_the_log(tmp_
     d.startup()
     dur = d.durable
     assert dur is not None
-    dur.begin_intake()
     db_path = tmp_path / "state" / "state.db"
     wal = db_path.with_name("state.db-wal")
 

@@ -93,7 +93,6 @@ def test_a_checkpoint_due_by_ticks_is_not_due_again_while_its_write_runs(tmp_pat
         d.startup()
         dur = d.durable
         assert dur is not None
-        dur.begin_intake()
         d.on_lines([f"a,{i % 7}".encode() for i in range(60)])
         assert dur.checkpoint_due.is_set()  # 60 ticks >= 50
         cut = dur._cut()  # the checkpoint starts; its write would now run in a worker thread
