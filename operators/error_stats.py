@@ -38,11 +38,15 @@ from operators.truncation import (
 __all__ = ["budgets", "measure", "measure_rows", "status"]
 
 
+STATISTIC_EPSILON_MAX = 2.0**10  # every statistic's noise scale (sensitivity >= 1 unit) stays >= 2^-10 units
+
+
 def budgets(threshold_epsilon: float) -> tuple[float, float, float]:
-    """``(eps_choice, eps_truncation, eps_spread)``: the threshold budget's three parts; they add up to it."""
-    eps_t = TRUNCATION_SHARE * threshold_epsilon
-    eps_s = SPREAD_SHARE * threshold_epsilon
-    return threshold_epsilon - eps_t - eps_s, eps_t, eps_s
+    """``(eps_choice, eps_truncation, eps_spread)``: the threshold budget's three parts. The statistics take their
+    shares up to :data:`STATISTIC_EPSILON_MAX` each (a larger budget would ask the exact sampler for a scale below its
+    range, and would tell nothing more at a resolution of one unit), so the parts add up to at most the budget."""
+    eps_t, eps_s = TRUNCATION_SHARE * threshold_epsilon, SPREAD_SHARE * threshold_epsilon
+    return (threshold_epsilon - eps_t - eps_s, min(eps_t, STATISTIC_EPSILON_MAX), min(eps_s, STATISTIC_EPSILON_MAX))
 
 
 def measure(hist: np.ndarray, candidates: np.ndarray, *, theta_units: int, bound_units: int, blocks: Any,

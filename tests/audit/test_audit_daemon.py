@@ -24,8 +24,9 @@ in the tail (exactly ``e^eps`` at ``t = theta - 1/2`` when ``L = 1``); a halved 
 lower bounds with Bonferroni over the events and both directions (``_audit.eps_lower_bound``, confidence
 ``1 - 1e-3`` per test); flagged when ``eps_lb > eps``.
 
-**A broken store** (:class:`TwiceTheLayerBudget`, the layer epsilon doubled in the rows' noise walk) is run through
-the same statistic, outside the daemon (the daemon makes its own store), to show the statistic catches it.
+**A broken store** (:class:`TwiceTheLayerBudget`, the layer epsilon doubled in the trees the rows' noise is drawn
+for) is run through the same statistic, outside the daemon (the daemon makes its own store), to show the statistic
+catches it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from operators.columnar import ColumnarRelease, RowOperator
 from operators.config import ToPSConfig
 from stream.core.config import build_config
 from stream.daemon import service as daemon_mod
-from tests.audit._audit import audit_key, eps_lower_bound, event_hits, scale_noise_epsilon
+from tests.audit._audit import audit_key, eps_lower_bound, event_hits
 from tests.support import release_lines
 
 EPS = 1.0
@@ -139,10 +140,13 @@ def test_the_daemons_releases_on_neighbouring_streams_reach_at_most_their_epsilo
 class TwiceTheLayerBudget(ColumnarRelease):
     """The rows' noise walk at twice the layer budget (half the noise scale): true eps = 2 eps."""
 
-    def _walk(self, r, leaves):
-        walk = super()._walk(r, leaves)
-        scale_noise_epsilon(walk, 2.0)
-        return walk
+    def _shape(self, ci: int, s: int) -> int:
+        at = self._shapes.get((ci, s))
+        if at is None:  # the tree the rows' noise is drawn for, registered at twice its epsilon
+            cfg = self.configs[ci]
+            at = self._shapes[(ci, s)] = self._shape_table.add(
+                cfg.fanout, cfg.height - s, cfg.query_range // cfg.fanout ** (cfg.height - 1), 2.0 * cfg.epsilon)
+        return at
 
 
 def _store_releases(cls: type[ColumnarRelease], tpl: dict, streams: int, readings: np.ndarray, label: str

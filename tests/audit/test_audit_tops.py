@@ -267,12 +267,15 @@ def _threshold_choices(
 )
 def test_threshold_optimizer_through_the_operator(variant: type[ToPS], thr_eps, flagged: bool, monkeypatch) -> None:
     """NM-E inside ``ToPS`` (holdout histogram, Eq. 5-6 scores, keyed noise), ``epsilon = 1`` and ``threshold_epsilon``
-    unset (claim: 1) or 0.5 (claim: 0.5). Holdouts with two vs three 2s (B = 2) move m_theta by one and the Eq. 6 gap
+    unset or 0.5; the claim is the choice's share of it, 76 % (the holdout's error statistics take the rest,
+    tests/audit/test_audit_error_stats.py). Holdouts with two vs three 2s (B = 2) move m_theta by one and the Eq. 6 gap
     between theta = 2 and theta = 1 from -3 to -2 (tests/audit/test_audit_threshold.py), so the event "theta = 2"
-    has ratio exactly ``e^claim``. Correct: 0.85 claim <= eps_lb <= claim (measured 0.94 and 0.93 of it); the
-    optimizer run at ``epsilon`` instead of ``threshold_epsilon`` is flagged (eps_lb > 0.5; measured 0.93)."""
+    has ratio exactly ``e^claim``. Correct: 0.85 claim <= eps_lb <= claim (measured 0.93 and 0.92 of it); the
+    optimizer run at ``epsilon`` instead of ``threshold_epsilon`` is flagged (eps_lb > 0.38; measured 0.70)."""
+    from operators.tops import choice_epsilon
+
     cfg = THR_CFG.replace(threshold_epsilon=thr_eps)
-    claim = thr_eps or cfg.epsilon
+    claim = choice_epsilon(cfg)  # the choice's share of the threshold budget (the error statistics take the rest)
     n = 200_000
     c0 = _threshold_choices(variant, cfg, _holdout(2), n, f"thr-{variant.__name__}-{thr_eps}-0", monkeypatch)
     c1 = _threshold_choices(variant, cfg, _holdout(3), n, f"thr-{variant.__name__}-{thr_eps}-1", monkeypatch)

@@ -144,7 +144,7 @@ class StdinDaemon:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        self.out.extend(json.loads(line) for line in self.proc.stdout)
+        self.out.extend(r for r in map(json.loads, self.proc.stdout) if "tick" in r)  # releases, not the status line
 
     def send(self, lines: list[str]) -> None:
         assert self.proc.stdin is not None

@@ -391,7 +391,8 @@ def test_holdout_survives_a_restart(mosquitto, tmp_path: Path) -> None:
             return [json.loads(p) for t, p in sub.lines if t == "dp/h/status"][-1]
 
         wait_for(lambda: len([1 for t, _ in sub.lines if t == "dp/h/status"]) >= 2, 10, what="status after restart")
-        assert status() == {"stream": "h", "phase": "holdout", "holdout_left": 20, "identity": find_identity(tmp_path)}
+        assert status() == {"stream": "h", "phase": "holdout", "holdout_left": 20, "identity": find_identity(tmp_path),
+                            "generation": 1}
         publish(mosquitto.port, "meters/h/reading", lines[30:])
         wait_for(lambda: len([p for p in sub.payloads() if "tick" in p]) >= 30, 15, what="releases")
         assert daemon.stop() == 0

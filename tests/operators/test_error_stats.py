@@ -113,10 +113,10 @@ def test_the_excess_sum_is_unbiased_and_its_noise_is_as_stated() -> None:
 
 
 def test_a_bound_beyond_the_samplers_range_leaves_the_statistic_out_and_says_so() -> None:
-    """(B - theta) / eps_s beyond 2^36 (a tiny threshold budget): the excess sum's noise would be beyond the exact
-    sampler's range. The holdout still ends (theta chosen, releases start) and the status says the statistic was not
-    measured."""
-    cfg = ToPSConfig(epsilon=1.0, bound=10_000.0, holdout=200, query_range=256, fanout=4, threshold_epsilon=1e-6)
+    """(B - theta) / eps_s beyond 2^36 (a tiny threshold budget; beyond it for every theta under 9,175): the excess
+    sum's noise would be beyond the exact sampler's range. The holdout still ends (theta chosen, releases start) and
+    the status says the statistic was not measured."""
+    cfg = ToPSConfig(epsilon=1.0, bound=10_000.0, holdout=200, query_range=256, fanout=4, threshold_epsilon=1e-7)
     op = ToPS(cfg, key(7))
     out = op.process(np.full(300, 5.0))
     assert np.isfinite(out[200:]).all()
