@@ -43,7 +43,9 @@ from operators.config import ToPSConfig
 from operators.hierarchy import layer_weight
 from operators.noise import DiscreteLaplace, shared_laplace
 from operators.selection import Selection
-from operators.smoother import SmootherState, _grid
+from operators.smoother import SmootherState
+from operators.smoothers import SMOOTHERS
+from operators.smoothers import grid as _grid
 from operators.tops import _SNAPSHOT_VERSION, ToPS, release_layers
 
 __all__ = ["ColumnarRelease", "RowOperator", "RowStore", "RowView", "checked_batch", "columnar_eligible"]
@@ -54,8 +56,9 @@ _KEY_BYTES = 32
 
 
 def rows_hold(config: ToPSConfig) -> bool:
-    """Whether the streams of a configuration can be rows once releasing: the Recent smoother and no lower bound."""
-    return config.smoother == "recent" and config.lower == 0
+    """Whether the streams of a configuration can be rows once releasing: a smoother the rows have a compiled step
+    for (``SmootherSpec.in_rows``: the Recent smoother) and no lower bound."""
+    return SMOOTHERS[config.smoother].in_rows and config.lower == 0
 
 
 def born_releasing(config: ToPSConfig) -> bool:
@@ -328,7 +331,7 @@ class ColumnarRelease(RowStore):
         its first reading after a restart costs). None when a row cannot hold it (in its holdout, another smoother,
         a lower bound): the caller restores the operator. A snapshot that does not fit raises ``KeyError``,
         ``TypeError`` or ``ValueError``, as :meth:`ToPS.restore` does."""
-        if config.smoother != "recent" or config.lower != 0 or snapshot.get("theta_units") is None:
+        if not rows_hold(config) or snapshot.get("theta_units") is None:
             return None
         ToPS.check_snapshot(config, snapshot)
         theta, s = int(snapshot["theta_units"]), int(snapshot["smoother_layers"])

@@ -17,8 +17,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from operators.smoothers import SMOOTHERS, SmootherSpec
 
 __all__ = [
     "FANOUT_MAX",
@@ -38,10 +41,10 @@ __all__ = [
     "check_parameter",
     "check_positive",
     "check_smoother",
+    "smoother",
     "tree_height",
 ]
 
-SMOOTHERS = ("recent", "ema", "mean", "median", "moving")
 SELECTIONS = ("calibrated", "paper")
 HOLDOUT_GRIDS = ("exact", "compact")
 
@@ -122,7 +125,7 @@ def _check_alpha(name: str, value: Any) -> None:
         raise _refuse(name, "a number in [0, 1]", value)
 
 
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+def _check_choice(name: str, value: Any, choices: Iterable[str]) -> None:
     if not isinstance(value, str) or value not in choices:
         raise _refuse(name, f"one of {', '.join(choices)}", value)
 
@@ -153,10 +156,25 @@ def check_parameter(name: str, value: Any) -> None:
     elif name == "alpha":
         _check_alpha(name, value)
     elif name == "smoother":
-        _check_choice(name, value, SMOOTHERS)
+        smoother(value)
     else:
         msg = f"no range is known for a parameter named {_shown(name)}"
         raise ValueError(msg)
+
+
+def smoother(name: Any) -> SmootherSpec:
+    """The entry of a smoother in the registry (:data:`operators.smoothers.SMOOTHERS`); an unknown name is refused
+    with the allowed ones.
+
+    >>> smoother("ema").reads
+    ('alpha',)
+    >>> smoother("best")
+    Traceback (most recent call last):
+    ...
+    operators.config.ConfigError: smoother must be one of recent, ema, mean, median, moving (got 'best')
+    """
+    _check_choice("smoother", name, SMOOTHERS)
+    return SMOOTHERS[name]
 
 
 @functools.lru_cache(maxsize=256)
@@ -227,7 +245,8 @@ class ToPSConfig:
     fanout
         b, the fan-out of the hierarchy.
     smoother
-        How ticks inside a leaf are predicted (Appendix D): recent, ema, mean, median or moving.
+        How ticks inside a leaf are predicted (Appendix D): a name in :data:`operators.smoothers.SMOOTHERS` (recent,
+        ema, mean, median or moving).
     smoother_layers
         s, the number of lowest layers replaced by the smoother; ``None`` chooses it by Eq. 7.
     alpha

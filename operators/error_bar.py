@@ -80,14 +80,13 @@ from functools import cached_property
 
 import numpy as np
 
-from operators.config import ConfigError, check_hierarchy, check_positive, check_smoother, tree_height
+from operators.config import ConfigError, check_hierarchy, check_positive, check_smoother, smoother, tree_height
 from operators.hierarchy import exact_range_problem, layer_weight
 from operators.noise import DiscreteLaplace
 from operators.spread import Spread
 from operators.truncation import Truncation
 
 __all__ = [
-    "LINEAR_SMOOTHERS",
     "Interval",
     "LeafSpread",
     "LocalRangeError",
@@ -100,7 +99,6 @@ __all__ = [
     "student_t_quantile",
 ]
 
-LINEAR_SMOOTHERS = ("recent", "ema", "mean", "moving")
 LAPLACE_TERMS = 24  # the node terms of N kept as Laplace variables in Eq. 4 (the rest: one normal)
 TARGET_DOF = 30.0  # the nearest pairs of complete leaves estimate D_k with at least this many degrees of freedom
 MIN_DOF = 8.0  # the degrees of freedom a spread the noise hides is read with
@@ -146,33 +144,22 @@ def consistent_leaf_variance_weights(g: np.ndarray, *, fanout: int, layers: int)
 
 
 def prediction_coefficients(
-    smoother: str, k: np.ndarray, *, alpha: float, window: int
+    smoother_name: str, k: np.ndarray, *, alpha: float, window: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``p_k = sum_i weight * u_i / w`` (+ prior terms) as triples (row, leaf i, weight) for each ``k`` in ``k``.
+    """``p_k = sum_i weight * u_i / w`` (+ prior terms) as triples (row, leaf i, weight) for each ``k`` in ``k``,
+    from the smoother's ``SmootherSpec.coefficients``.
 
     Row ``r`` refers to ``k[r]``; terms on the prior are left out (they are public constants).
     """
+    coefficients = smoother(smoother_name).coefficients
+    if coefficients is None:
+        msg = f"no linear error model for the {smoother_name!r} smoother"
+        raise ValueError(msg)
     rows, cols, ws = [], [], []
     for r, kk in enumerate(np.asarray(k, dtype=np.int64).tolist()):
         if kk <= 0:
             continue
-        if smoother == "recent":
-            i = np.array([kk - 1])
-            w = np.ones(1)
-        elif smoother == "ema":
-            i = np.arange(kk)
-            w = alpha * (1.0 - alpha) ** (kk - 1 - i)
-        elif smoother == "mean":  # (u_prior + u_0 + ... + u_{k-1}) / (k + 1)
-            i = np.arange(kk)
-            w = np.full(kk, 1.0 / (kk + 1))
-        elif smoother == "moving":  # the last `window` of [u_prior, u_0, ..., u_{k-1}]
-            n = min(window, kk + 1)
-            i = np.arange(kk - n + 1, kk)
-            i = i[i >= 0]
-            w = np.full(i.size, 1.0 / n)
-        else:
-            msg = f"no linear error model for the {smoother!r} smoother"
-            raise ValueError(msg)
+        i, w = coefficients(kk, alpha, window)
         rows.append(np.full(i.size, r))
         cols.append(i)
         ws.append(w)
@@ -252,7 +239,8 @@ class NoiseModel:
 
     @property
     def linear(self) -> bool:
-        return self.smoother in LINEAR_SMOOTHERS
+        """The smoother's prediction is linear in earlier leaf sums (``SmootherSpec.linear``): Eq. 1 holds."""
+        return smoother(self.smoother).linear
 
     # -- the leaf coefficients c_k of Eq. (1) ---------------------------------------------------------------------
     def leaf_coefficients(self, released: np.ndarray) -> dict[int, float]:

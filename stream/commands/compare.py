@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from operators.baselines import METHODS
-from operators.config import ConfigError, ToPSConfig
+from operators.config import SMOOTHERS, ConfigError, ToPSConfig
 from operators.hindsight import DeterministicErrors
 from operators.tops import ToPS
 from stream.commands.failure import refuse
@@ -145,8 +145,9 @@ def run_compare(
     jobs = [(rep, e, t) for rep in range(repetitions) for e, t in grid]
     table = None
     if HINDSIGHT in methods:
-        if hold < 1 or base.smoother != "recent" or base.resolution != 1.0 or base.lower != 0.0:
-            msg = "the hindsight row needs a holdout, the recent smoother, resolution 1 and lower 0"
+        if hold < 1 or not SMOOTHERS[base.smoother].in_hindsight or base.resolution != 1.0 or base.lower != 0.0:
+            modelled = " or ".join(name for name, spec in SMOOTHERS.items() if spec.in_hindsight)
+            msg = f"the hindsight row needs a holdout, the {modelled} smoother, resolution 1 and lower 0"
             raise InputError(msg)
         table = DeterministicErrors(
             values[:hold], np.minimum(values[hold:], base.bound), query_range=base.query_range,

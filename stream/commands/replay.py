@@ -44,7 +44,7 @@ def add_privacy_arguments(p: argparse.ArgumentParser) -> None:
         "--range", dest="query_range", type=int, default=1 << 20, help="r, longest range (default 2^20)"
     )
     p.add_argument("--fanout", type=int, default=16, help="b, fan-out of the hierarchy (default 16)")
-    p.add_argument("--smoother", choices=SMOOTHERS, default="recent", help="smoother (default recent)")
+    p.add_argument("--smoother", choices=tuple(SMOOTHERS), default="recent", help="smoother (default recent)")
     p.add_argument("--smoother-layers", type=int, default=None, help="s; default: chosen with theta (--selection)")
     p.add_argument("--selection", choices=SELECTIONS, default="calibrated",
                    help="how the holdout chooses theta and s: calibrated (default) or paper (Eq. 6, Eq. 7)")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from operators import ConfigError, ToPS, ToPSConfig
+from operators import SMOOTHERS, ConfigError, ToPS, ToPSConfig
 from stream.core.errors import ConfigFileError
 
 __all__ = ["SCHEMA", "DaemonConfig", "Field", "build_config", "histogram_operator", "load_config", "read_toml",
@@ -280,7 +280,14 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
 }
 
+def _smoothers_reading(key: str) -> str:
+    """The smoothers whose registry entry reads the template key ``key`` (``SmootherSpec.reads``), as prose."""
+    names = [f"`{name}`" for name, spec in SMOOTHERS.items() if key in spec.reads]
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 2 else names)
+
+
 # [streams.template]: the parameters of every new stream (operators.ToPSConfig); documented in docs/configuration.md.
+# The smoother's lines come from the registry (operators.smoothers): a new smoother documents itself.
 TEMPLATE_DOCS: dict[str, str] = {
     "epsilon": "Privacy budget of the released ticks (event-level eps-DP). Required.",
     "bound": "Public upper bound B of a tick value; larger values are clamped. Required.",
@@ -289,14 +296,15 @@ TEMPLATE_DOCS: dict[str, str] = {
     "holdout": "m: first ticks used privately to choose theta, never released.",
     "query_range": "r: longest range query the hierarchy serves; a new tree starts every r ticks.",
     "fanout": "b: fan-out of the hierarchy.",
-    "smoother": "Predictor inside a leaf: recent, ema, mean, median, moving.",
+    "smoother": "Predictor inside a leaf: " + "; ".join(f"`{name}`, {spec.summary}"
+                                                        for name, spec in SMOOTHERS.items()) + ".",
     "smoother_layers": "s: lowest layers replaced by the smoother (omit: chosen from the holdout, see selection).",
     "selection": "How the holdout chooses theta, s and the smoother's start: calibrated (default: an error model "
                  "measured privately on the holdout) or paper (Eq. 6 and Eq. 7, the published choice).",
     "holdout_grid": "The candidate thresholds, the holdout histogram's cells: exact (default; every value step up to "
                     "4,096, then 0.1% apart) or compact (the first 32 steps, then 3% apart: O(log B) cells).",
-    "alpha": "Weight of the newest leaf in the EMA smoother.",
-    "window": "Leaves the moving-average and median smoothers look back on.",
+    "alpha": f"Weight of the newest leaf; read by {_smoothers_reading('alpha')}.",
+    "window": f"Leaves looked back on; read by {_smoothers_reading('window')}.",
     "resolution": "Values are quantized to multiples of this before integer noise is added.",
     "threshold_epsilon": "Budget of the threshold optimizer on the holdout (omit: epsilon).",
     "theta": "A fixed public threshold: no holdout.",

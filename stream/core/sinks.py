@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from operators.columnar import RowOperator
-from operators.config import ToPSConfig
+from operators.config import SMOOTHERS, ToPSConfig
 from operators.error_stats import status as error_stats_status
 from operators.selection import BUDGET_SPLIT, _dlap_noise
 from operators.topl_server import LocalServer
@@ -134,14 +134,16 @@ def release_params(rec: StreamRecord) -> dict[str, Any] | None:
 
 def central_params(cfg: ToPSConfig, theta_units: int, s: int, error_stats: bytes | None) -> dict[str, Any]:
     """What a ToPS stream's releases mean: mode and mechanism, the per-reading guarantee ``epsilon`` (the hierarchy's;
-    the holdout's ``threshold_epsilon`` is at most it), the hierarchy (holdout, r, b, s, smoother), the value grid,
-    the smoother start's noise, and the holdout's statistics for error bars (``operators.error_stats``: the
-    ``truncation`` statistic, or a ``truncation_note`` saying why there is none, and the ``spread``)."""
+    the holdout's ``threshold_epsilon`` is at most it), the hierarchy (holdout, r, b, s, smoother and the parameters
+    it reads, ``SmootherSpec.reads``), the value grid, the smoother start's noise, and the holdout's statistics for
+    error bars (``operators.error_stats``: the ``truncation`` statistic, or a ``truncation_note`` saying why there is
+    none, and the ``spread``)."""
     thr = cfg.threshold_epsilon or cfg.epsilon
     p: dict[str, Any] = {
         "mode": "central", "mechanism": "tops", "epsilon": cfg.epsilon, "threshold_epsilon": thr,
         "holdout": cfg.holdout_ticks, "query_range": cfg.query_range, "fanout": cfg.fanout, "smoother_layers": s,
-        "smoother": cfg.smoother, "alpha": cfg.alpha, "window": cfg.window, "resolution": cfg.resolution,
+        "smoother": cfg.smoother, **{key: getattr(cfg, key) for key in SMOOTHERS[cfg.smoother].reads},
+        "resolution": cfg.resolution,
         "lower": cfg.lower, "bound": cfg.bound,
         "selection": "public" if cfg.theta is not None else cfg.selection,
         "start_sd": start_sd(cfg, theta_units),

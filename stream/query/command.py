@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     params.add_argument("--holdout", type=int, help="m (ticks before the first release)")
     params.add_argument("--range", dest="query_range", type=int, help="r")
     params.add_argument("--fanout", type=int, help="b")
-    params.add_argument("--smoother", choices=SMOOTHERS, help="the smoother")
+    params.add_argument("--smoother", choices=tuple(SMOOTHERS), help="the smoother")
     params.add_argument("--smoother-layers", type=int, help="s (default: Eq. 7)")
     params.add_argument("--alpha", type=float, help="EMA weight")
     params.add_argument("--window", type=int, help="moving-average window")

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from operators.config import ConfigError, ToPSConfig, check_parameter
-from operators.error_bar import LINEAR_SMOOTHERS, Interval, LocalRangeError, NoiseModel, RangeError
+from operators.error_bar import Interval, LocalRangeError, NoiseModel, RangeError
 from operators.spread import Spread
 from operators.truncation import Truncation
 from stream.commands.inputs import JSONInputError, file_lines, load_json
@@ -427,7 +427,7 @@ class Releases:
                                epsilon=p["epsilon"], theta=p["theta"], start_sd=p.get("start_sd", 0.0))
         except (ConfigError, TypeError) as exc:
             return None, holdout, f"{exc} (from {source})"
-        if model.smoother not in LINEAR_SMOOTHERS:
+        if not model.linear:
             return None, holdout, f"no error model for the {model.smoother} smoother"
         if model.leaves_per_tree > MODEL_LEAVES_MAX:
             return None, holdout, (f"a tree of {model.leaves_per_tree} leaves (r / b^s) is beyond the error model "

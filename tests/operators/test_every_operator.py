@@ -76,11 +76,11 @@ def test_repr_and_pickle_never_carry_the_key(make) -> None:
 
 
 def test_the_scalar_grid_is_numpys_grid() -> None:
-    """A new or restored stream's first prediction is put on the 1/1024 grid without numpy (``_grid_scalar``): the
+    """A new or restored stream's first prediction is put on the 1/1024 grid without numpy (``grid_scalar``): the
     same float, sign of zero included, as ``np.rint(x * 1024) / 1024`` on ties, tiny and huge values."""
     import math
 
-    from operators.smoother import _grid, _grid_scalar
+    from operators.smoothers import grid, grid_scalar
 
     rng = np.random.default_rng(1126)
     xs = list(rng.normal(0, 1, 3000) * 10.0 ** rng.integers(-8, 12, 3000))
@@ -88,6 +88,6 @@ def test_the_scalar_grid_is_numpys_grid() -> None:
     xs += [0.0, -0.0, 1e-300, -1e-300, 2.0**60 + 0.5, 1e308, -1e308, math.inf, -math.inf]
     for x in xs:
         with np.errstate(over="ignore"):
-            want = float(_grid(x))
-            got = _grid_scalar(x)
+            want = float(grid(x))
+            got = grid_scalar(x)
         assert got == want and math.copysign(1, got) == math.copysign(1, want), x
