@@ -158,9 +158,10 @@ def _windowed(median: bool) -> Predictions:
 
 
 def _moving_coefficients(k: int, alpha: float, window: int) -> tuple[np.ndarray, np.ndarray]:
-    """The last ``window`` of ``[u_prior, u_0, ..., u_{k-1}]``, equally weighted."""
+    """The last ``window`` of ``[u_prior, u_0, ..., u_{k-1}]``, equally weighted: the leaves ``k - n .. k - 1``
+    (``n = min(window, k + 1)``), the prior (index -1) left out."""
     n = min(window, k + 1)
-    i = np.arange(k - n + 1, k)
+    i = np.arange(k - n, k)
     i = i[i >= 0]
     return i, np.full(i.size, 1.0 / n)
 
