@@ -2,14 +2,16 @@
 run over each: the configuration accepts it and documents it, the status publishes exactly the keys it reads and
 those keys change its releases, a ToPS snapshot round-trips with it, a linear one's error bar has the noise variance
 a seeded Monte Carlo run measures, the columnar rows take it exactly when it says they do and then release what
-ToPS releases, and the hindsight reference models it exactly when it says so. An entry added without one of its
-pieces (coefficients for a linear smoother, a compiled row step, a reference line) fails here."""
+ToPS releases, the hindsight reference models it exactly when it says so, and the daemon releases what replay
+recomputes with it. An entry added without one of its pieces (coefficients for a linear smoother, a compiled row
+step, a reference line) fails here."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from operators.smoothers import SmootherSpec
 from operators.tops import ToPS
 from stream.core.config import TEMPLATE_DOCS
 from stream.core.sinks import central_params
+from tests.support import identity_from_log, tops_text, write_toml
 
 NAMES = list(SMOOTHERS)
 KEY = bytes(range(32))
@@ -128,6 +131,7 @@ def _monte_carlo_sums(name: str, ranges: list[tuple[int, int]], runs: int) -> np
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_a_linear_smoothers_error_bar_has_the_variance_monte_carlo_measures(name: str) -> None:
     """Eq. 1 of operators.error_bar against 1000 seeded runs, for two ranges inside one leaf (the second only
@@ -184,3 +188,28 @@ def test_the_hindsight_reference_models_the_smoother_exactly_when_it_says(name: 
     st = SmootherState.initial(name, leaf_ticks=w, theta_units=40, window=PUBLIC["window"], start=start)
     noiseless = release_ticks(units, np.zeros(units.size // w), st, alpha=PUBLIC["alpha"])
     assert np.array_equal(deterministic_release(units, start, w), noiseless) == spec.in_hindsight
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_the_daemon_releases_what_replay_recomputes_with_the_smoother(name: str, tmp_path: Path) -> None:
+    """``tops run`` on stdin with the smoother in its template, then ``tops replay`` with the printed identity and
+    the same parameters: the same released ticks, bit for bit."""
+    template = {**{k: v for k, v in PUBLIC.items() if k != "theta"}, "holdout": 200, "smoother": name}
+    cfg = write_toml(tmp_path / "tops.toml", {
+        "input": {"source": "stdin"}, "output": {"sinks": ["stdout"]}, "metrics": {"port": 0},
+        "state": {"data_dir": ""},  # no store: the run leaves nothing behind
+        "streams": {"key_file": str(tmp_path / "master.key"), "template": template},
+    })
+    x = np.round(_readings(8, 1500), 2)
+    run = tops_text("run", "--config", cfg, stdin="".join(f"m,{v:g}\n" for v in x))
+    assert run.returncode == 0, run.stderr
+    got = {r["tick"]: r["value"] for r in map(json.loads, run.stdout.splitlines()) if "tick" in r}
+    np.save(tmp_path / "x.npy", x)
+    options = [f"--{key.replace('_', '-')}" if key != "query_range" else "--range" for key in template]
+    args = [a for option, value in zip(options, template.values(), strict=True) for a in (option, value)]
+    replayed = tops_text("replay", tmp_path / "x.npy", *args, "--key-file", tmp_path / "master.key",
+                         "--identity", identity_from_log(run.stderr), "--stream", "m", "--out", tmp_path / "r.npy")
+    assert replayed.returncode == 0, replayed.stderr
+    want = {t: float(v) for t, v in enumerate(np.load(tmp_path / "r.npy")) if not np.isnan(v)}
+    assert len(want) == x.size - 200 and got == want
