@@ -2,9 +2,9 @@
 run over each: the configuration accepts it and documents it, the status publishes exactly the keys it reads and
 those keys change its releases, a ToPS snapshot round-trips with it, a linear one's error bar has the noise variance
 a seeded Monte Carlo run measures, the columnar rows take it exactly when it says they do and then release what
-ToPS releases, the hindsight reference models it exactly when it says so, and the daemon releases what replay
-recomputes with it. An entry added without one of its pieces (coefficients for a linear smoother, a compiled row
-step, a reference line) fails here."""
+ToPS releases, the hindsight reference (and so the hindsight row of ``tops compare``) models it exactly when it
+says so, and the daemon releases what replay recomputes with it. An entry added without one of its pieces
+(coefficients for a linear smoother, a compiled row step, a reference line) fails here."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ from operators.hindsight import deterministic_release
 from operators.smoother import SmootherState, release_ticks
 from operators.smoothers import SmootherSpec
 from operators.tops import ToPS
+from stream.commands.compare import run_compare
+from stream.commands.inputs import InputError
+from stream.commands.scoring import HINDSIGHT
 from stream.core.config import TEMPLATE_DOCS
 from stream.core.sinks import central_params
 from tests.support import identity_from_log, tops_text, write_toml
@@ -213,3 +216,16 @@ def test_the_daemon_releases_what_replay_recomputes_with_the_smoother(name: str,
     assert replayed.returncode == 0, replayed.stderr
     want = {t: float(v) for t, v in enumerate(np.load(tmp_path / "r.npy")) if not np.isnan(v)}
     assert len(want) == x.size - 200 and got == want
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_hindsight_row_of_compare_runs_only_for_a_smoother_it_models(name: str) -> None:
+    x = np.round(_readings(9, 600))
+    base = ToPSConfig(epsilon=1.0, bound=60.0, holdout=100, query_range=64, smoother=name)
+    compare = dict(methods=[HINDSIGHT], grid=[(1.0, 1.0)], base=base, repetitions=1, queries=50, seed=0,
+                   show_progress=False)
+    if smoother(name).in_hindsight:
+        assert len(run_compare(x, **compare)) == 1
+    else:
+        with pytest.raises(InputError, match=r"the hindsight row needs a holdout, the .* smoother"):
+            run_compare(x, **compare)
