@@ -31,7 +31,7 @@ ONE_TOO_LARGE = MappingProxyType({"too_large": 1})
 
 class StdinSource:
     """Lines of a binary stream, handed to the engine in chunks of whole lines (``ack`` is None: stdin has no one to
-    acknowledge to). Reusable, not reentrant: one reader thread per ``async with``."""
+    acknowledge to). Entered once: a stream is read once, by one reader thread."""
 
     def __init__(self, stream: IO[bytes], *, chunk_bytes: int = 1 << 16, depth: int = 64,
                  max_line: int = 1 << 20) -> None:
@@ -43,12 +43,14 @@ class StdinSource:
         self._ready = asyncio.Event()  # set when something was queued or intake stopped
         self._slots = threading.Semaphore(depth)  # chunks the reader may still queue
         self._stopped = threading.Event()  # intake stopped: the reader reads no more
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the engine's, while entered
+        self._entered = False
 
     async def __aenter__(self) -> Self:
-        if self._loop is not None:
-            msg = "StdinSource is already open"
+        if self._entered:
+            msg = "a StdinSource is entered once"
             raise RuntimeError(msg)
+        self._entered = True
         self._loop = asyncio.get_running_loop()
         threading.Thread(target=self._read, name="tops.stdin", daemon=True).start()
         return self
