@@ -157,6 +157,7 @@ class Durability:
         self.synced_readings = 0
         self.redeliveries: Redeliveries | None = None  # MQTT input: the messages the broker may send again
         self.repeats: RedeliveryFilter | None = None  # the MQTT link's filter of them (and its acknowledgements)
+        self.source_acks: list[tuple[Any, Any]] = []  # (source, ack token) of chunks taken since the last sync
         self.redelivered = Counter("tops_redeliveries_dropped", "QoS 1 messages the broker sent again after they "
                                    "were processed (acknowledged, not counted twice).",
                                    registry=daemon.metrics.registry)
@@ -358,6 +359,20 @@ class Durability:
         """The QoS 1 messages (client, mids of a batch) waiting for the sync that is under way."""
         return self.repeats.take_acks() if self.repeats is not None else []
 
+    def acknowledge_after_sync(self, source: Any, token: Any) -> None:
+        """Acknowledge a chunk of ``source`` (its ``token``) once the journal holds what it carried: after the next
+        sync (``source`` is a stream.daemon.source.Source)."""
+        self.source_acks.append((source, token))
+        self.wake.set()
+
+    def _acknowledge_sources(self, tokens: list[tuple[Any, Any]]) -> None:
+        """Each source's tokens, in the order their chunks were taken."""
+        by_source: dict[int, tuple[Any, list[Any]]] = {}
+        for source, token in tokens:
+            by_source.setdefault(id(source), (source, []))[1].append(token)
+        for source, taken in by_source.values():
+            source.acknowledge(taken)
+
     def _ack(self, acks: list[tuple[Any, list[int]]]) -> None:
         link = self.daemon.link
         if acks and link is not None:
@@ -380,8 +395,8 @@ class Durability:
         """Write and fsync what the journal took, waiting for the disk while it refuses (nothing is accepted,
         released or acknowledged meanwhile), then release and acknowledge what waited for it."""
         self.journal.take()
-        held, acks = self.held, self._take_acks()
-        self.held = []
+        held, acks, tokens = self.held, self._take_acks(), self.source_acks
+        self.held, self.source_acks = [], []
         n = 0
         if self.journal.unwritten:
             self.syncing = True
@@ -389,6 +404,7 @@ class Durability:
                 n = await self.disk.run("journal", self.journal.write_durable, fsync=self.fsync, thread=True)
             except DiskRefused:  # stopping on a full disk: what was not written was never accepted
                 self.held = held + self.held
+                self.source_acks = tokens + self.source_acks
                 if self.repeats is not None:
                     self.repeats.hand_back(acks)
                 return
@@ -399,6 +415,7 @@ class Durability:
             self.daemon.metrics.journal_synced.inc(n)
         self._release(held)
         self._ack(acks)
+        self._acknowledge_sources(tokens)
         self._confirm()
 
     # -- checkpoints --------------------------------------------------------------------------------------------
@@ -499,10 +516,11 @@ class Durability:
         if synced:
             self.synced_readings += synced
             self.daemon.metrics.journal_synced.inc(synced)
-        held, acks = self.held, self._take_acks()
-        self.held = []
+        held, acks, tokens = self.held, self._take_acks(), self.source_acks
+        self.held, self.source_acks = [], []
         self._release(held)
         self._ack(acks)
+        self._acknowledge_sources(tokens)
         self._confirm()
         spill = daemon.pubq.spill if daemon.pubq is not None else None
         if spill is not None:  # the last of the cut's writes (a refusal retries the cut: it changed nothing yet)

@@ -1,8 +1,10 @@
 """``tops run``: the streaming daemon, readings in (MQTT or stdin), one private release per tick out.
 
 The lifecycle reads top to bottom in :meth:`Daemon.serve`: startup (key, metrics, streams), the loops under one
-TaskGroup (MQTT link, stdin intake, period clock, status, accounting), drain on SIGTERM/SIGINT or end of input
-(stop intake, process what was accepted, close open periods, publish), shutdown. A second signal exits at once.
+TaskGroup (MQTT link, the engine loop over the input source, period clock, status, accounting), drain on
+SIGTERM/SIGINT or end of input (stop intake, process what was accepted, close open periods, publish), shutdown. A
+second signal exits at once. The engine loop (:meth:`Daemon.intake_loop`) knows its input only as a
+:class:`~stream.daemon.source.Source` (stdin: stream/daemon/stdin.py); MQTT input still comes through the link.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from functools import partial
 from itertools import compress
 from pathlib import Path
@@ -51,7 +53,9 @@ from stream.daemon.durability import Durability
 from stream.daemon.heap import Heap
 from stream.daemon.phaselog import PhaseLog
 from stream.daemon.preflight import DataDirLocked, lock_data_dir, preflight
-from stream.daemon.sources import OVERLONG_LINE, MqttLink, StdinSource, TopicRouter
+from stream.daemon.source import Chunk, ChunkKind, Source, lines_of
+from stream.daemon.sources import MqttLink, TopicRouter
+from stream.daemon.stdin import StdinSource
 from stream.state.journaled import JournaledIntake
 from stream.state.store import StoreError
 
@@ -88,11 +92,12 @@ class RateLimitedLog:
 
 
 class Daemon:
-    """One running daemon. ``stdin``/``stdout``/``operator_factory`` can be replaced (tests)."""
+    """One running daemon. ``stdin``/``stdout``/``operator_factory`` can be replaced (tests), and so can the
+    input ``source`` of a daemon that reads stdin: any :class:`~stream.daemon.source.Source` of LINES chunks."""
 
     def __init__(self, cfg: DaemonConfig, *, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None,
                  operator_factory: Callable[[str], Any] | None = None, install_signals: bool = True,
-                 heap: Heap | None = None) -> None:
+                 heap: Heap | None = None, source: Source | None = None) -> None:
         self.cfg = cfg
         self.heap = heap  # `tops run` keeps the collector's full passes short (stream/daemon/heap.py); tests do not
         self.stdin_stream = stdin if stdin is not None else sys.stdin.buffer
@@ -119,8 +124,8 @@ class Daemon:
         self.epsilon = cfg.release_epsilon
         self.pubq: PublishQueue | None = None
         self.link: MqttLink | None = None
-        self.stdin: StdinSource | None = None
-        self.stdin_done = asyncio.Event()
+        self.source = source  # the input the engine loop takes chunks from (stdin), made at startup if not given
+        self.source_done = asyncio.Event()  # the engine loop has taken its source's last chunk
         self._signals = 0
         self.durable: Durability | None = None  # durable state ([state] data_dir), see stream/daemon/durability.py
         # stream keys derive from this run's random identity, or from the state store's (stream/core/keys.py)
@@ -225,10 +230,10 @@ class Daemon:
                 self.router.status_pending = set()
         else:
             self.mqtt_out = False
-        if cfg.input.source == "stdin":
-            self.stdin = StdinSource(self.stdin_stream, max_line=cfg.input.max_payload_bytes)
-            stdin = self.stdin
-            m.watch(m.incoming_queue, lambda: stdin.queue.qsize())
+        if cfg.input.source == "stdin" and self.source is None:
+            stdin = StdinSource(self.stdin_stream, max_line=cfg.input.max_payload_bytes)
+            m.watch(m.incoming_queue, stdin.queued)
+            self.source = stdin
         if durable is not None:  # restore, re-process the journal, checkpoint
             durable.restore()
         self.announce_identity()
@@ -290,11 +295,10 @@ class Daemon:
         background = [tg.create_task(self.account_loop(), name="tops.account")]
         if self.link is not None:
             self.link_task = tg.create_task(self.link.run(), name="tops.mqtt")
-        if self.stdin is not None:
-            self.stdin.start()
-            self.stdin_task = tg.create_task(self.stdin_loop(), name="tops.stdin")
+        if self.source is not None:
+            tg.create_task(self.intake_loop(self.source), name="tops.intake")
         else:
-            self.stdin_done.set()
+            self.source_done.set()
         if self.router.clock is not None:
             background.append(tg.create_task(self.period_loop(), name="tops.periods"))
         if self.mqtt_out and self.cfg.output.status_topic:
@@ -307,14 +311,12 @@ class Daemon:
 
     async def drain(self) -> None:
         """Stop intake, process everything accepted, close open periods, publish, within ``drain_timeout``."""
-        if self.stdin is not None:
-            self.stdin.stop()
-            if not self.stdin_done.is_set():
-                self.stdin_task.cancel()
+        if self.source is not None:
+            self.source.stop_intake()  # the engine loop takes what was read, then ends
         if self.link is not None:
             self.link.stop_intake()
             await self.link.intake_done.wait()
-        await self.stdin_done.wait()
+        await self.source_done.wait()
         self.emit(self.router.flush())
         # With durable state the open periods are checkpointed and close after the restart (never twice).
         self.emit(self.router.close_periods(time.time(), final=self.durable is None))
@@ -654,9 +656,8 @@ class Daemon:
     def on_line(self, line: bytes, now: float, limit: int, default: str | None) -> None:
         """One stdin line (``limit``: ``[input] max_payload_bytes``; ``default``: ``[input] default_stream``)."""
         counts, router, intake = self.msg_counts, self.router, self.intake
-        if line == OVERLONG_LINE or len(line) > limit:  # the reader cut a line longer than the limit
-            counts["too_large"] += 1
-            self.rejected("too_large", f"line longer than max_payload_bytes = {limit}", "stdin line")
+        if len(line) > limit:
+            self.line_too_large(limit)
             return
         try:
             readings, bad = decode_line(line)
@@ -694,34 +695,68 @@ class Daemon:
                 return
         counts["failed" if failed == len(readings) else "ok"] += 1
 
-    async def stdin_loop(self) -> None:
-        assert self.stdin is not None
-        queue = self.stdin.queue
-        eof = False
+    def line_too_large(self, limit: int, n: int = 1) -> None:
+        """Count ``n`` lines longer than ``limit`` (``[input] max_payload_bytes``), whether decoded or not."""
+        self.msg_counts["too_large"] += n
+        for _ in range(n):
+            self.rejected("too_large", f"line longer than max_payload_bytes = {limit}", "stdin line")
+
+    async def intake_loop(self, source: Source) -> None:
+        """The engine: every chunk the source yields goes to the intake, in order, each once there is room for it
+        (:meth:`room_for_intake`). It ends when the source does: at the end of input (which stops the daemon), or
+        after the drain stopped the source's intake and the chunks it had already read were taken."""
         try:
-            while not eof:
-                if self.durable is not None and not self.durable.writable.is_set():
-                    await self.durable.writable.wait()  # the journal cannot be written (disk full): stdin waits
-                if self.pubq is not None:
-                    await self.pubq.wait_room()  # releases waiting for the broker: intake waits, never drops
-                chunk = await queue.get()
-                while chunk is not None:
-                    self.on_lines(chunk)
-                    chunk = queue.get_nowait() if not queue.empty() else []
-                    if chunk == []:
-                        break
-                eof = chunk is None
-        except asyncio.CancelledError:
-            if not self.stopping.is_set():
-                raise
-            while not queue.empty():  # lines already read are processed
-                chunk = queue.get_nowait()
-                if chunk is not None:
-                    self.on_lines(chunk)
-        self.stdin_done.set()
-        if eof:
+            async with source:
+                await self.room_for_intake(source)
+                async for chunk in source.chunks():
+                    self.take_chunk(chunk, source)
+                    await self.room_for_intake(source)
+        finally:
+            self.source_done.set()
+        if not self.stopping.is_set():
             log.info("end of input")
             self.stopping.set()
+
+    async def room_for_intake(self, source: Source) -> None:
+        """Backpressure, one point for the source: wait while the journal cannot be written (a full disk) and while
+        releases wait for the broker (intake waits, never drops). Stopping ends the wait and the source's intake:
+        what it had already read is then taken at once."""
+        if self.durable is not None and not self.durable.writable.is_set():
+            await self.until_stopping(self.durable.writable.wait())
+        if self.pubq is not None and not self.pubq.has_room():
+            await self.until_stopping(self.pubq.wait_room())
+        if self.stopping.is_set():
+            source.stop_intake()
+
+    async def until_stopping(self, wait: Coroutine[Any, Any, Any]) -> None:
+        """Await ``wait`` unless the daemon stops first (then ``wait`` is cancelled)."""
+        if self.stopping.is_set():
+            wait.close()
+            return
+        waiting = asyncio.ensure_future(wait)
+        stopping = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait((waiting, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiting, stopping):
+                task.cancel()
+
+    def take_chunk(self, chunk: Chunk, source: Source) -> None:
+        """One chunk of ``source`` into the intake: what the source refused is counted, the lines are taken, and the
+        chunk is acknowledged now, or with durable state once the journal holds what it carried."""
+        if chunk.kind != ChunkKind.LINES:
+            msg = f"the daemon takes LINES chunks from its source, not {chunk.kind.name}"
+            raise TypeError(msg)
+        too_large = chunk.refused.get("too_large", 0)
+        if too_large:
+            self.line_too_large(self.cfg.input.max_payload_bytes, too_large)
+        if chunk.data:
+            self.on_lines(lines_of(chunk))
+        if chunk.ack is not None:
+            if self.durable is None:
+                source.acknowledge([chunk.ack])
+            else:
+                self.durable.acknowledge_after_sync(source, chunk.ack)
 
     # -- processing and output ------------------------------------------------------------------------------
     def step(self) -> None:

@@ -1,4 +1,4 @@
-"""Inputs: the MQTT link (one connection for input and output, reconnecting) and stdin lines.
+"""The MQTT link: one connection for input and output, reconnecting (stdin is stream/daemon/stdin.py).
 
 The MQTT link runs one connection at a time: subscribe, receive in batches (whatever the client's queue holds),
 publish from the bounded :class:`~stream.core.sinks.PublishQueue` with a window of unconfirmed messages. When the
@@ -23,7 +23,7 @@ import termios
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -80,15 +80,13 @@ def published(info: Any) -> bool:
     except (RuntimeError, ValueError):
         return False
 
-__all__ = ["OVERLONG_LINE", "AckWatchdog", "MqttLink", "ReadAheadSocket", "StdinSource", "TopicRouter",
-           "backoff_delay"]
+__all__ = ["AckWatchdog", "MqttLink", "ReadAheadSocket", "TopicRouter", "backoff_delay"]
 
 log = logging.getLogger("tops.mqtt")
 
 Message = tuple[str, bytes, bool, int]  # topic, payload, retain, releases carried
 _PUBACK = 0x40  # MQTT control packet type PUBACK (as paho's PUBACK), remaining length 2, then the message id
 _PUBACK_HEAD = ((_PUBACK << 8) | 2) << 16
-OVERLONG_LINE = b"\n"  # stands for a stdin line cut at max_line: no line holds a newline (counted `too_large`)
 
 
 def backoff_delay(attempt: int, low: float, high: float) -> float:
@@ -758,57 +756,3 @@ class MqttLink:
                     return
                 pubq.nonempty.clear()
                 await pubq.nonempty.wait()
-
-
-class StdinSource:
-    """Lines of a binary stream read by a thread, handed to the event loop in chunks (with backpressure)."""
-
-    def __init__(self, stream: IO[bytes], chunk_bytes: int = 1 << 16, depth: int = 64,
-                 max_line: int = 1 << 20) -> None:
-        self.stream = stream
-        self.max_line = max_line
-        self.chunk_bytes = chunk_bytes
-        self.queue: asyncio.Queue[list[bytes] | None] = asyncio.Queue(maxsize=depth)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopped = threading.Event()
-
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        threading.Thread(target=self._read, name="tops.stdin", daemon=True).start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    def _put(self, item: list[bytes] | None) -> None:
-        assert self._loop is not None
-        fut = asyncio.run_coroutine_threadsafe(self.queue.put(item), self._loop)
-        with contextlib.suppress(Exception):
-            fut.result()
-
-    def _read(self) -> None:
-        read = getattr(self.stream, "read1", self.stream.read)  # read1: what is available, without waiting for more
-        rest, skipping = b"", False
-        try:
-            while not self._stopped.is_set():
-                data = read(self.chunk_bytes)
-                if not data:
-                    if rest:
-                        self._put([rest])
-                    break
-                if skipping:  # the rest of an overlong line
-                    cut = data.find(b"\n")
-                    if cut < 0:
-                        continue
-                    data, skipping = data[cut + 1:], False
-                lines = (rest + data).split(b"\n")
-                rest = lines.pop()
-                if len(rest) > self.max_line:
-                    lines.append(OVERLONG_LINE)  # counted as one too_large line; its bytes are never decoded
-                    rest, skipping = b"", True
-                if lines:
-                    self._put(lines)
-        except (OSError, ValueError) as exc:
-            log.error("stdin: read failed (%s)", exc)
-        finally:
-            if self._loop is not None and not self._loop.is_closed():
-                self._put(None)
