@@ -242,14 +242,13 @@ def write_toml(path: Path, doc: dict) -> Path:
 class DaemonProcess:
     """``tops run --config`` as a subprocess, stderr captured to a file."""
 
-    def __init__(self, config: Path, metrics_port: int, cwd: Path, stdout=subprocess.DEVNULL) -> None:
-        import sys
-
+    def __init__(self, config: Path, metrics_port: int, cwd: Path, stdout=subprocess.DEVNULL, stdin=None,
+                 umask: int = -1) -> None:
         self.log = cwd / "daemon.log"
         self.metrics_port = metrics_port
         self._logf = self.log.open("wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "stream.cli", "run", "--config", str(config)],
-                                     stdout=stdout, stderr=self._logf, cwd=ROOT)
+                                     stdin=stdin, stdout=stdout, stderr=self._logf, cwd=ROOT, umask=umask)
 
     def metrics(self) -> dict[str, float]:
         return scrape(self.metrics_port)

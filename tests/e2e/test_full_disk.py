@@ -128,15 +128,11 @@ def check_disk_lines(log: str) -> None:
     assert "Traceback" not in log
 
 
-class StdinDaemon:
+class StdinDaemon(DaemonProcess):
     """``tops run`` reading stdin (pipe), stdout collected as JSON lines by a thread, stderr to a file."""
 
     def __init__(self, config: Path, metrics_port: int, tmp: Path, *, umask: int = -1) -> None:
-        self.metrics_port = metrics_port
-        self.log = tmp / "daemon.log"
-        self._logf = self.log.open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "stream.cli", "run", "--config", str(config)], cwd=ROOT,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._logf, umask=umask)
+        super().__init__(config, metrics_port, tmp, stdout=subprocess.PIPE, stdin=subprocess.PIPE, umask=umask)
         self.out: list[dict] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -159,15 +155,6 @@ class StdinDaemon:
         self._reader.join(10)
         self._logf.close()
         return rc
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._logf.close()
-
-    def stderr(self) -> str:
-        return self.log.read_text(errors="replace")
 
 
 # -- the daemon -------------------------------------------------------------------------------------------------
