@@ -451,6 +451,18 @@ class StdinRun:
         self.proc.stdin.flush()
 
 
+def run_devices(port: int, stream: str, inputs: list[Path], *extra: str) -> None:
+    """One ``tops device`` process per input file, all at once, reporting ``stream`` at QoS 1 without seq (budget up
+    to 2); each must exit 0."""
+    procs = [subprocess.Popen([sys.executable, "-m", "stream.cli", "device", "--host", "127.0.0.1", "--port", str(port),
+                               "--stream", stream, "--max-epsilon", "2", "--input", str(f), "--qos", "1", "--no-seq",
+                               "--control-timeout", "20", *extra], cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE) for f in inputs]
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err.decode()[-2000:]
+
+
 class DeviceFeeder(threading.Thread):
     """One device (its own account, a persistent session, QoS 1) publishing ``{"value", "ts", "seq"}`` readings of
     its stream at a steady pace (``seq`` False: without ``seq``); every ``ts`` is distinct, so a release names the

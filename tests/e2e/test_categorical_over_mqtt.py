@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +15,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from operators.categorical.grr import grr_variance
-from tests.support import ROOT, DaemonProcess, Subscriber, free_port, tops, wait_for, write_toml
+from tests.support import DaemonProcess, Subscriber, free_port, run_devices, tops, wait_for, write_toml
 
 
 # -- central, MQTT, kill -9 -----------------------------------------------------------------------------------------
@@ -144,20 +142,13 @@ def test_local_categorical_with_tops_device_processes(mosquitto, tmp_path: Path)
     truth = np.zeros(d)
     try:
         daemon.wait_connected()
-        procs = []
+        inputs = []
         for i in range(3):
             cats = rng.choice(d, size=1500, p=[0.35, 0.25, 0.2, 0.1, 0.1, 0.0])
             truth += np.bincount(cats, minlength=d)
-            f = tmp_path / f"dev{i}.txt"
-            f.write_text("\n".join(map(str, cats.tolist())) + "\n")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "stream.cli", "device", "--host", "127.0.0.1", "--port", str(mosquitto.port),
-                 "--stream", "region", "--max-epsilon", "2", "--categories", str(d), "--input", str(f), "--qos", "1",
-                 "--no-seq", "--control-timeout", "20"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE))
-        for p in procs:
-            _, err = p.communicate(timeout=60)
-            assert p.returncode == 0, err.decode()[-2000:]
+            inputs.append(tmp_path / f"dev{i}.txt")
+            inputs[-1].write_text("\n".join(map(str, cats.tolist())) + "\n")
+        run_devices(mosquitto.port, "region", inputs, "--categories", str(d))
         n = int(truth.sum())
         wait_for(lambda: sum(r.get("reports", 0) for r in sub.payloads() if "tick" in r) >= n, 30,
                  what="every report in a release")

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.support import ROOT, write_toml
+from tests.support import write_toml
 
 
 @pytest.mark.network
@@ -24,7 +22,7 @@ def test_local_range_with_tops_device_processes_and_hostile_reports(mosquitto, t
     `tops device` processes send 1,200 readings each. Every honest report is in exactly one release, and each range
     summed over the periods is within 5 standard errors (LocalTree's exact variance) of the truth."""
     from operators.ranges.local import LocalTree, answer_from_levels
-    from tests.support import DaemonProcess, Subscriber, free_port, publish, wait_for
+    from tests.support import DaemonProcess, Subscriber, free_port, publish, run_devices, wait_for
 
     mport = free_port()
     eps, d = 2.0, 16
@@ -58,19 +56,13 @@ def test_local_range_with_tops_device_processes_and_hostile_reports(mosquitto, t
             return m.get("tops_readings_total{result=invalid}", 0.0) + m.get("tops_messages_total{result=invalid}", 0.0)
 
         wait_for(lambda: rejected() >= len(hostile), 15, what="hostile reports counted")
-        procs = []
+        inputs = []
         for i in range(3):
             values = np.clip(rng.gamma(2.0, 1.5, size=1200), 0, None)
             counts += np.bincount(np.clip(np.floor(values / 0.5).astype(np.int64), 0, d - 1), minlength=d)
-            f = tmp_path / f"dev{i}.txt"
-            f.write_text("\n".join(f"{v:.3f}" for v in values) + "\n")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "stream.cli", "device", "--host", "127.0.0.1", "--port", str(mosquitto.port),
-                 "--stream", "kwh", "--max-epsilon", "2", "--input", str(f), "--qos", "1", "--no-seq",
-                 "--control-timeout", "20"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-        for p in procs:
-            _, err = p.communicate(timeout=60)
-            assert p.returncode == 0, err.decode()[-2000:]
+            inputs.append(tmp_path / f"dev{i}.txt")
+            inputs[-1].write_text("\n".join(f"{v:.3f}" for v in values) + "\n")
+        run_devices(mosquitto.port, "kwh", inputs)
         n = int(counts.sum())
         wait_for(lambda: sum(r.get("reports", 0) for r in sub.payloads() if "tick" in r) >= n, 30,
                  what="every report in a release")
