@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from operators import ToPSConfig  # noqa: E402
-from stream.query import Releases  # noqa: E402
 from stream.commands.replay import replay  # noqa: E402
 from stream.commands.simulate import simulate_values  # noqa: E402
 from stream.core.sinks import central_params  # noqa: E402
+from stream.query import Releases  # noqa: E402
 
 
 def main() -> None:

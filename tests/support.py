@@ -209,6 +209,22 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str
     raise TimeoutError(msg)
 
 
+def wait_while_progressing(measure: Callable[[], float], goal: float, stall: float = 30.0, interval: float = 0.5,
+                           what: str = "progress") -> float:
+    """Poll ``measure()`` until it reaches ``goal``. Fails only when the measure has not moved for ``stall`` seconds:
+    a drain that is slow on a busy machine is waited for, one that has stopped is reported with where it stopped."""
+    last, moved = measure(), time.monotonic()
+    while last < goal:
+        time.sleep(interval)
+        now = measure()
+        if now != last:
+            last, moved = now, time.monotonic()
+        elif time.monotonic() - moved > stall:
+            msg = f"{what} stopped at {last:g} of {goal:g} for {stall:g} s"
+            raise TimeoutError(msg)
+    return last
+
+
 def write_toml(path: Path, doc: dict) -> Path:
     """A tiny TOML writer for test configurations (tables of scalars and lists)."""
     import json

@@ -163,8 +163,8 @@ def test_kill9_right_after_reconnect_never_counts_a_reading_without_seq_twice(mo
 def kill_cycles(cfg: Path, mport: int, tmp_path: Path, sub: Subscriber, feeder: Feeder, n_release: int,
                 kills: random.Random, after_kill: Callable[[], None] = lambda: None) -> list[str]:
     """Five runs killed with SIGKILL at seeded random points of their progress (counts of readings processed) while
-    ``feeder`` publishes (readings keep coming while the daemon is down; ``after_kill`` is called while it is), then a final run
-    until ``n_release`` distinct releases arrived; the runs' logs."""
+    ``feeder`` publishes (readings keep coming while the daemon is down; ``after_kill`` is called while it is), then
+    a final run until ``n_release`` distinct releases arrived; the runs' logs."""
     logs: list[str] = []
     span = feeder.total // 8  # the five runs and their down times end within the first 5/8 of the input
     for cycle in range(5):

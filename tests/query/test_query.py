@@ -15,8 +15,8 @@ from operators import ToPSConfig
 from operators.error_bar import NoiseModel, consistent_leaf_variance_weights
 from operators.hierarchy import _combine, _top_down, layer_weight
 from stream.commands import datasets
-from stream.query import Releases
 from stream.commands.replay import replay
+from stream.query import Releases
 from tests.support import (
     ROOT,
     TEMPLATE,
