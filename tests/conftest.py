@@ -3,6 +3,7 @@ ACLs), a three-node NATS JetStream cluster, and the compiled kernels loaded. The
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,12 @@ from tests.support import (
     running_broker,
     wait_jetstream,
 )
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers a core. Most tests wait on a daemon, a broker or a NATS cluster starting, not on the
+    CPU; the tests that measure progress under load run one at a time all the same (xdist group "heavy")."""
+    return 2 * len(os.sched_getaffinity(0))
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

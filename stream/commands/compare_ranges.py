@@ -4,7 +4,7 @@ Kuo et al. (PVLDB 2018).
 Contract::
 
     tops compare-ranges [--experiment flat-vs-tree|length|local|coco|all] [--dataset dns] [--epsilons E,...]
-                        [--structures 25] [--queries 100] [--seed S] [--out CSV] [--quick]
+                        [--structures 25] [--queries 100] [--seed S] [--out CSV] [--quick] [--domains N,...]
 
 The thesis's domain was consecutive days with a visit count each; here it is the first N seconds of a shipped stream
 (``dns``: queries per second), bucket i = second i, a user = one query. Per setting, ``--structures`` independently
@@ -71,6 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="keys and ranges derive from it")
     p.add_argument("--out", default=None, help="CSV file (default: none, the table only)")
     p.add_argument("--quick", action="store_true", help="a small grid (2 eps, 4 structures x 20 queries)")
+    p.add_argument("--domains", default=None,
+                   help="comma-separated domain sizes N: only the settings on these (default: every setting)")
 
 
 def _key(seed: int, *parts: object) -> bytes:
@@ -229,18 +231,24 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     todo = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
     central = ["central-flat", "central-tree", "central-tree-consistent", "thesis-co"]
     rows: list[dict[str, Any]] = []
+    keep = {int(x) for x in args.domains.split(",")} if args.domains else None
+
+    def on_domains(settings: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+        return [st for st in settings if keep is None or st[0] in keep]
+
     for ex in todo:
         if ex == "flat-vs-tree":
             settings = [*SHORT, *LONG][:2] if args.quick else [*SHORT, *LONG]
-            rows += _measure(ex, central, list(settings), data, args, epsilons)
+            rows += _measure(ex, central, on_domains(settings), data, args, epsilons)
         elif ex == "length":
             settings = [(32, r) for r in TABLE1[32]] if args.quick else [(n, r) for n, rs in TABLE1.items()
                                                                             for r in rs]
-            rows += _measure(ex, ["central-flat"], settings, data, args, epsilons)
+            rows += _measure(ex, ["central-flat"], on_domains(settings), data, args, epsilons)
         elif ex == "local":
             settings = [(32, 6), (512, 200)] if args.quick else [(32, 6), (512, 35), (512, 200), (2048, 64),
                                                                   (2048, 288)]
-            rows += _measure(ex, ["local-flat", "local-tree", "thesis-local-flat"], settings, data, args, epsilons)
+            local = ["local-flat", "local-tree", "thesis-local-flat"]
+            rows += _measure(ex, local, on_domains(settings), data, args, epsilons)
         else:
             rows += _coco(args)
     return rows
@@ -257,6 +265,13 @@ def main(args: argparse.Namespace) -> int:
         eps = [-1.0]
     if any(not (0 < e <= 30) for e in eps):
         print("tops compare-ranges: --epsilons must be numbers in (0, 30]", file=sys.stderr)
+        return 2
+    try:
+        domains = [int(x) for x in args.domains.split(",")] if args.domains else []
+    except ValueError:
+        domains = [0]
+    if any(n < 1 for n in domains):
+        print("tops compare-ranges: --domains must be positive integers", file=sys.stderr)
         return 2
     if args.structures < 1 or args.queries < 1:
         print("tops compare-ranges: --structures and --queries must be at least 1", file=sys.stderr)
