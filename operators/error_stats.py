@@ -70,11 +70,7 @@ def measure_rows(values: np.ndarray, keys: np.ndarray, *, thetas: list[int], bou
     _, eps_t, eps_s = budgets(threshold_epsilon)
     values = np.asarray(values, dtype=np.int64)
     thetas_arr = np.asarray(thetas, dtype=np.int64)
-    stats: list[tuple[np.ndarray, int]] = [(np.zeros(0, np.int64), 0)] * len(thetas_arr)
-    for theta in np.unique(thetas_arr).tolist():  # the exact counts of the streams of each theta, in numpy
-        idx = np.flatnonzero(thetas_arr == theta)
-        for i, c in zip(idx.tolist(), _excess_rows(values[idx], theta, bound_units - theta), strict=True):
-            stats[i] = c
+    stats = _excess_rows(values, thetas_arr, bound_units - thetas_arr)
     truncs = noisy_statistics(stats, keys, eps_t, (bound_units - thetas_arr).tolist(), values.shape[1])
     t = np.minimum(values, thetas_arr[:, None])
     spreads = noisy_spread_rows(t.sum(axis=1), (t * t).sum(axis=1), keys, theta_units=thetas_arr.tolist(),
@@ -82,19 +78,24 @@ def measure_rows(values: np.ndarray, keys: np.ndarray, *, thetas: list[int], bou
     return [_pack(sp, tr) for sp, tr in zip(spreads, truncs, strict=True)]
 
 
-def _excess_rows(v: np.ndarray, theta: int, top: int) -> list[tuple[np.ndarray, int]]:
-    """:func:`operators.truncation.excess_counts` of streams of one theta (row ``k`` of ``v``: a stream's readings
-    in units)."""
-    edges = excess_edges(top)
+def _excess_rows(v: np.ndarray, thetas: np.ndarray, tops: np.ndarray) -> list[tuple[np.ndarray, int]]:
+    """:func:`operators.truncation.excess_counts` of many streams at once (row ``k`` of ``v``: a stream's readings in
+    units; ``thetas[k]``, ``tops[k]``: its theta and ``B - theta``). Every stream's bins are the first bins of one
+    sequence of edges (:func:`operators.truncation.excess_edges`: the edges up to ``top`` do not depend on ``top``, only
+    the last, ``top + 1``, does), so one histogram over the largest ``top``'s edges, cut at each stream's number of
+    bins, counts them all."""
     n = len(v)
-    if edges.size < 2:
+    top_max = int(tops.max(initial=0))
+    if top_max < 1:
         return [(np.zeros(0, np.int64), 0)] * n
-    excess = np.minimum(v - theta, top)
+    edges = excess_edges(top_max)
+    nbins = np.searchsorted(edges[:-1], tops, side="right").tolist()  # the edges at or below a stream's top
+    excess = np.minimum(v - thetas[:, None], tops[:, None])
     totals = np.where(excess > 0, excess, 0).sum(axis=1).tolist()
     counts = np.zeros((n, edges.size - 1), dtype=np.int64)
     r, c = np.nonzero(excess >= 1)
     np.add.at(counts, (r, np.searchsorted(edges, excess[r, c], side="right") - 1), 1)
-    return list(zip(counts, totals, strict=True))
+    return [(counts[k, :nbins[k]], totals[k]) for k in range(n)]
 
 
 def _pack(spread: list[float] | None, trunc: bytes) -> bytes:

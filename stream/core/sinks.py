@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import sys
@@ -117,9 +118,14 @@ def encode_status(rec: StreamRecord) -> bytes:
 def status_line(rec: StreamRecord) -> str | None:
     """The status a file of releases carries before a releasing numeric stream's first release in it (the JSONL
     that ``tops run`` writes to stdout has no retained message to read first); None for other streams."""
-    if rec.phase != "releasing" or release_params(rec) is None:
+    if rec.phase != "releasing":
         return None
-    return encode_status(rec).decode()
+    params = release_params(rec)
+    if params is None:
+        return None
+    status = rec.status()
+    status["params"] = params
+    return json.dumps(status, separators=(",", ":"))
 
 
 def release_params(rec: StreamRecord) -> dict[str, Any] | None:
@@ -137,17 +143,11 @@ def central_params(cfg: ToPSConfig, theta_units: int, s: int, error_stats: bytes
     the holdout's ``threshold_epsilon`` is at most it), the hierarchy (holdout, r, b, s, smoother and the parameters
     it reads, ``SmootherSpec.reads``), the value grid, the smoother start's noise, and the holdout's statistics for
     error bars (``operators.error_stats``: the ``truncation`` statistic, or a ``truncation_note`` saying why there is
-    none, and the ``spread``)."""
+    none, and the ``spread``). What the template and theta alone decide is computed once for all streams that share
+    them (:func:`_template_params`, :func:`start_sd`)."""
     thr = cfg.threshold_epsilon or cfg.epsilon
-    p: dict[str, Any] = {
-        "mode": "central", "mechanism": "tops", "epsilon": cfg.epsilon, "threshold_epsilon": thr,
-        "holdout": cfg.holdout_ticks, "query_range": cfg.query_range, "fanout": cfg.fanout, "smoother_layers": s,
-        "smoother": cfg.smoother, **{key: getattr(cfg, key) for key in SMOOTHERS[cfg.smoother].reads},
-        "resolution": cfg.resolution,
-        "lower": cfg.lower, "bound": cfg.bound,
-        "selection": "public" if cfg.theta is not None else cfg.selection,
-        "start_sd": start_sd(cfg, theta_units),
-    }
+    p = dict(_template_params(cfg, s))
+    p["start_sd"] = start_sd(cfg, theta_units)
     bound_units = math.floor(cfg.span / cfg.resolution + 1e-9)
     trunc = spread = None
     if error_stats is not None:
@@ -167,6 +167,21 @@ def central_params(cfg: ToPSConfig, theta_units: int, s: int, error_stats: bytes
     return p
 
 
+@functools.lru_cache(maxsize=256)
+def _template_params(cfg: ToPSConfig, s: int) -> dict[str, Any]:
+    """The part of :func:`central_params` that the configuration and ``s`` decide (shared: copied, never changed)."""
+    return {
+        "mode": "central", "mechanism": "tops", "epsilon": cfg.epsilon,
+        "threshold_epsilon": cfg.threshold_epsilon or cfg.epsilon,
+        "holdout": cfg.holdout_ticks, "query_range": cfg.query_range, "fanout": cfg.fanout, "smoother_layers": s,
+        "smoother": cfg.smoother, **{key: getattr(cfg, key) for key in SMOOTHERS[cfg.smoother].reads},
+        "resolution": cfg.resolution,
+        "lower": cfg.lower, "bound": cfg.bound,
+        "selection": "public" if cfg.theta is not None else cfg.selection,
+    }
+
+
+@functools.lru_cache(maxsize=1 << 14)
 def start_sd(cfg: ToPSConfig, theta_units: int) -> float:
     """The standard deviation (value units, per tick) of the smoother's start: the calibrated choice's noisy holdout
     mean (operators.selection, step 6: ``DLap(theta / eps_s) / m``); 0 for the public prior ``theta / 2``."""

@@ -76,6 +76,25 @@ def test_many_streams_draw_the_same_statistics_as_each_alone() -> None:
     assert len(KeyRows(keys_arr)) == 7
 
 
+def test_the_excess_counts_of_many_streams_are_each_streams_own_whatever_its_theta() -> None:
+    """One histogram over the largest top's edges, cut at each stream's bins, gives every stream the counts and sum of
+    its own histogram: thetas from 0 to the bound (tops from the bound down to nothing, below and above the unit
+    bins), readings below, at and above theta."""
+    from operators.error_stats import _excess_rows
+
+    rng = np.random.default_rng(5)
+    bound = 300
+    thetas = np.array([0, 1, 2, 5, 8, 9, 10, 17, 150, 292, 293, 299, 300, *rng.integers(0, bound + 1, 40)])
+    values = rng.integers(0, bound + 1, size=(len(thetas), 30))
+    values[:, 0] = bound  # the largest excess each stream can have
+    grid = np.arange(bound + 1)
+    got = _excess_rows(values, thetas, bound - thetas)
+    for row, theta, (counts, total) in zip(values, thetas.tolist(), got, strict=True):
+        want_counts, want_total = excess_counts(np.bincount(row, minlength=bound + 1), grid, theta_units=theta,
+                                                bound_units=bound)
+        assert counts.tolist() == want_counts.tolist() and total == want_total, theta
+
+
 def test_a_stream_that_ends_its_holdout_in_rows_states_what_its_own_operator_measures() -> None:
     """A short holdout that ends in rows (no operator object on the way) gets the error statistics the stream's own
     ToPS measures when its holdout ends: the same bytes."""
