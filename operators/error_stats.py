@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 
 from operators.noise import KeyedGenerator
-from operators.spread import SPREAD_SHARE, noisy_spread, noisy_spread_rows, spread_status, truncated_moments
+from operators.spread import SPREAD_SHARE, noisy_spread, noisy_spread_table, spread_status, truncated_moments
 from operators.truncation import (
     TRUNCATION_SHARE,
     excess_counts,
     excess_edges,
     noisy_statistic,
-    noisy_statistics,
+    noisy_statistics_table,
     truncation_status,
 )
 
@@ -65,37 +65,46 @@ def measure_rows(values: np.ndarray, keys: np.ndarray, *, thetas: list[int], bou
                  threshold_epsilon: float) -> list[bytes]:
     """:func:`measure` for many short holdouts (the rows of a columnar holdout that end in rows: row ``i`` of
     ``values`` holds stream ``i``'s readings in units, each at its cell's value; ``keys[i]`` its key; ``thetas[i]``
-    its theta; no block width fits such a holdout): the same values, each draw made for all streams at once (a call
-    per bin and statistic, not per stream)."""
+    its theta; no block width fits such a holdout): the same bytes, each draw made for all streams at once (a call
+    per bin and statistic, not per stream), every stream's numbers written into one table and cut from it."""
     _, eps_t, eps_s = budgets(threshold_epsilon)
     values = np.asarray(values, dtype=np.int64)
     thetas_arr = np.asarray(thetas, dtype=np.int64)
-    stats = _excess_rows(values, thetas_arr, bound_units - thetas_arr)
-    truncs = noisy_statistics(stats, keys, eps_t, (bound_units - thetas_arr).tolist(), values.shape[1])
+    tops = bound_units - thetas_arr
+    counts, nbins, totals = _excess_rows(values, thetas_arr, tops)
+    trunc, sizes = noisy_statistics_table(counts, nbins, totals, keys, eps_t, tops, values.shape[1])
     t = np.minimum(values, thetas_arr[:, None])
-    spreads = noisy_spread_rows(t.sum(axis=1), (t * t).sum(axis=1), keys, theta_units=thetas_arr.tolist(),
-                                epsilon=eps_s)
-    return [_pack(sp, tr) for sp, tr in zip(spreads, truncs, strict=True)]
+    spread, measured = noisy_spread_table(t.sum(axis=1), (t * t).sum(axis=1), keys, theta_units=thetas_arr,
+                                          epsilon=eps_s)
+    # the layout of _pack: [4, the spread's 4 numbers] or [0], then the truncation statistic
+    table = np.zeros((len(thetas_arr), 5 + trunc.shape[1]), dtype="<f8")
+    table[:, 0] = 4.0
+    table[:, 1:5] = spread  # zeros where not measured: such a row starts at its column 4, [0]
+    table[:, 5:] = trunc
+    starts = np.where(measured, 0, 4).tolist()
+    ends = (5 + sizes).tolist()
+    return [table[i, a:b].tobytes() for i, (a, b) in enumerate(zip(starts, ends, strict=True))]
 
 
-def _excess_rows(v: np.ndarray, thetas: np.ndarray, tops: np.ndarray) -> list[tuple[np.ndarray, int]]:
+def _excess_rows(v: np.ndarray, thetas: np.ndarray, tops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`operators.truncation.excess_counts` of many streams at once (row ``k`` of ``v``: a stream's readings in
-    units; ``thetas[k]``, ``tops[k]``: its theta and ``B - theta``). Every stream's bins are the first bins of one
-    sequence of edges (:func:`operators.truncation.excess_edges`: the edges up to ``top`` do not depend on ``top``, only
-    the last, ``top + 1``, does), so one histogram over the largest ``top``'s edges, cut at each stream's number of
-    bins, counts them all."""
+    units; ``thetas[k]``, ``tops[k]``: its theta and ``B - theta``): ``(counts, nbins, totals)``, stream ``k``'s
+    counts in ``counts[k, :nbins[k]]``. Every stream's bins are the first bins of one sequence of edges
+    (:func:`operators.truncation.excess_edges`: the edges up to ``top`` do not depend on ``top``, only the last,
+    ``top + 1``, does), so one histogram over the largest ``top``'s edges, cut at each stream's number of bins,
+    counts them all."""
     n = len(v)
     top_max = int(tops.max(initial=0))
     if top_max < 1:
-        return [(np.zeros(0, np.int64), 0)] * n
+        return np.zeros((n, 0), np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
     edges = excess_edges(top_max)
-    nbins = np.searchsorted(edges[:-1], tops, side="right").tolist()  # the edges at or below a stream's top
+    nbins = np.searchsorted(edges[:-1], tops, side="right")  # the edges at or below a stream's top
     excess = np.minimum(v - thetas[:, None], tops[:, None])
-    totals = np.where(excess > 0, excess, 0).sum(axis=1).tolist()
+    totals = np.where(excess > 0, excess, 0).sum(axis=1)
     counts = np.zeros((n, edges.size - 1), dtype=np.int64)
     r, c = np.nonzero(excess >= 1)
     np.add.at(counts, (r, np.searchsorted(edges, excess[r, c], side="right") - 1), 1)
-    return [(counts[k, :nbins[k]], totals[k]) for k in range(n)]
+    return counts, nbins, totals
 
 
 def _pack(spread: list[float] | None, trunc: bytes) -> bytes:
@@ -108,8 +117,8 @@ def status(blob: bytes, *, theta_units: int, bound_units: int, resolution: float
     """``(truncation, spread)`` as a stream's status states them (value units; None where not measured)."""
     values = np.frombuffer(blob, dtype="<f8")
     n = int(values[0]) if values.size else 0
-    spread = [float(v) for v in values[1:1 + n]] if n else None
-    rest = values[1 + n:].astype("<f8").tobytes()
+    spread = values[1:1 + n].tolist() if n else None
+    rest = blob[8 * (1 + n):]
     _, eps_t, _ = budgets(threshold_epsilon)
     trunc = truncation_status(rest, theta_units=theta_units, bound_units=bound_units, resolution=resolution,
                               epsilon=eps_t, holdout=holdout)

@@ -48,7 +48,7 @@ import numpy as np
 from operators.noise import Domain, KeyedGenerator, shared_laplace
 
 __all__ = ["MAX_WIDTHS", "SPREAD_SHARE", "Spread", "measured_widths", "noisy_spread", "noisy_spread_rows",
-           "spread_status", "truncated_moments"]
+           "noisy_spread_table", "spread_status", "truncated_moments"]
 
 SPREAD_SHARE = 0.12  # of the threshold budget eps_T
 MAX_WIDTHS = 3  # block widths b, b^2, b^3 below a leaf
@@ -108,26 +108,36 @@ def noisy_spread_rows(sums: np.ndarray, squares: np.ndarray, keys: np.ndarray, *
                       epsilon: float) -> list[list[float] | None]:
     """:func:`noisy_spread` without block widths for many streams (their exact sums and sums of squares, their key
     rows, their thetas): the same numbers, each draw made for all at once."""
+    table, measured = noisy_spread_table(sums, squares, keys, theta_units=theta_units, epsilon=epsilon)
+    rows = table.tolist()
+    return [rows[i] if ok else None for i, ok in enumerate(measured.tolist())]
+
+
+def noisy_spread_table(sums: np.ndarray, squares: np.ndarray, keys: np.ndarray, *, theta_units: list[int] | np.ndarray,
+                       epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`noisy_spread_rows` as one float64 table, a row ``[sum, its variance, squares, their variance]`` per
+    stream, and the mask of the streams measured (the others' rows are zeros)."""
     from operators.noise import KeyRows, discrete_laplace_one_many
 
     e1, e2 = epsilon / 8.0, 3.0 * epsilon / 8.0
     thetas = np.asarray(theta_units, dtype=np.int64)
-    ok = np.flatnonzero(thetas.astype(np.float64) ** 2 / e2 <= _SCALE_MAX)
-    out: list[list[float] | None] = [None] * len(thetas)
+    measured = thetas.astype(np.float64) ** 2 / e2 <= _SCALE_MAX
+    table = np.zeros((len(thetas), 4), dtype=np.float64)
+    ok = np.flatnonzero(measured)
     if not ok.size:
-        return out
+        return table, measured
     distinct, which = np.unique(thetas[ok], return_inverse=True)
     n1 = [shared_laplace(e1, t) for t in distinct.tolist()]
     n2 = [shared_laplace(e2, t * t) for t in distinct.tolist()]
     domain = int(Domain.TRUNCATION) << 16
     gens = KeyRows(np.asarray(keys)[ok])
-    z1 = discrete_laplace_one_many(gens, domain, _ADDRESS, 0, n1, which)
-    z2 = discrete_laplace_one_many(gens, domain, _ADDRESS, 1, n2, which)
-    sums, squares = np.asarray(sums).tolist(), np.asarray(squares).tolist()
-    for k, i in enumerate(ok.tolist()):
-        w = int(which[k])
-        out[i] = [float(sums[i] + z1[k]), n1[w].variance, float(squares[i] + z2[k]), n2[w].variance]
-    return out
+    z1 = np.asarray(discrete_laplace_one_many(gens, domain, _ADDRESS, 0, n1, which), dtype=np.int64)
+    z2 = np.asarray(discrete_laplace_one_many(gens, domain, _ADDRESS, 1, n2, which), dtype=np.int64)
+    table[ok, 0] = (np.asarray(sums, dtype=np.int64)[ok] + z1).astype(np.float64)
+    table[ok, 1] = np.array([dl.variance for dl in n1])[which]
+    table[ok, 2] = (np.asarray(squares, dtype=np.int64)[ok] + z2).astype(np.float64)
+    table[ok, 3] = np.array([dl.variance for dl in n2])[which]
+    return table, measured
 
 
 def spread_status(noisy: list[float] | None, *, resolution: float, holdout: int) -> dict[str, Any] | None:

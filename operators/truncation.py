@@ -66,6 +66,7 @@ __all__ = [
     "excess_edges",
     "noisy_statistic",
     "noisy_statistics",
+    "noisy_statistics_table",
     "truncation_status",
 ]
 
@@ -161,30 +162,45 @@ def noisy_statistics(stats: list[tuple[np.ndarray, int]], keys: np.ndarray, epsi
     """:func:`noisy_statistic` of many streams (stream ``i``'s exact counts and sum ``stats[i]``, its key row
     ``keys[i]``, its ``tops[i]``): the same values, each draw made for all streams at once (many holdouts ending in
     one processing step)."""
+    nbins = np.array([len(c) for c, _ in stats], dtype=np.int64)
+    counts = np.zeros((len(stats), int(nbins.max(initial=0))), dtype=np.int64)
+    for i, (c, _) in enumerate(stats):
+        counts[i, :len(c)] = c
+    table, sizes = noisy_statistics_table(counts, nbins, [t for _, t in stats], keys, epsilon, tops, holdout)
+    return [table[i, :size].astype("<f8").tobytes() for i, size in enumerate(sizes.tolist())]
+
+
+def noisy_statistics_table(counts: np.ndarray, nbins: np.ndarray, totals: Any, keys: np.ndarray, epsilon: float,
+                           tops: Any, holdout: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`noisy_statistics` as one float64 table: row ``i`` starts with stream ``i``'s ``sizes[i]`` numbers as
+    :func:`pack_statistic` keeps them (the noisy sum, then its noisy counts; 0 numbers when nothing is measured).
+    ``counts[i, :nbins[i]]``: its exact counts; ``totals[i]``: its exact excess sum."""
     from operators.noise import KeyRows, discrete_laplace_one_many
 
     domain = int(Domain.TRUNCATION) << 16
     histogram = histogram_measured(epsilon, holdout)
-    sizes = np.array([len(c) if sum_drawable(epsilon, t) and histogram else 0
-                      for (c, _), t in zip(stats, tops, strict=True)], dtype=np.int64)
-    noisy = [np.asarray(c, dtype=np.int64).copy() for c, _ in stats]
-    dl = count_noise(epsilon)
-    for j in range(int(sizes.max(initial=0))):
-        who = np.flatnonzero(sizes > j)
-        drawn = discrete_laplace_one_many(KeyRows(keys[who]), domain, _COUNTS, j, [dl], np.zeros(who.size, np.int64))
-        for i, z in zip(who.tolist(), drawn, strict=True):
-            noisy[i][j] += z
-    who = np.flatnonzero([len(c) > 0 and sum_drawable(epsilon, t) for (c, _), t in zip(stats, tops, strict=True)])
-    out = [b""] * len(stats)
-    if not who.size:
-        return out
-    distinct, which = np.unique(np.asarray(tops, dtype=np.int64)[who], return_inverse=True)
-    sums = discrete_laplace_one_many(KeyRows(keys[who]), domain, _SUM, 0,
-                                     [sum_noise(epsilon, t, histogram) for t in distinct.tolist()], which)
-    empty = np.zeros(0, dtype=np.int64)
-    for i, z in zip(who.tolist(), sums, strict=True):
-        out[i] = pack_statistic(stats[i][1] + z, noisy[i] if histogram else empty)
-    return out
+    tops_arr = np.asarray(tops, dtype=np.int64)
+    nbins = np.asarray(nbins, dtype=np.int64)
+    drawable = np.array([sum_drawable(epsilon, t) for t in tops_arr.tolist()], dtype=bool)
+    measured = (nbins > 0) & drawable
+    sizes = np.where(measured, 1 + (nbins if histogram else 0), 0)
+    table = np.zeros((len(nbins), 1 + (counts.shape[1] if histogram else 0)), dtype=np.float64)
+    if histogram:
+        noisy = np.array(counts, dtype=np.int64)
+        drawn_bins = np.where(drawable, nbins, 0)
+        dl = count_noise(epsilon)
+        for j in range(int(drawn_bins.max(initial=0))):
+            who = np.flatnonzero(drawn_bins > j)
+            noisy[who, j] += np.asarray(discrete_laplace_one_many(KeyRows(keys[who]), domain, _COUNTS, j, [dl],
+                                                                  np.zeros(who.size, np.int64)), dtype=np.int64)
+        table[:, 1:] = noisy
+    who = np.flatnonzero(measured)
+    if who.size:
+        distinct, which = np.unique(tops_arr[who], return_inverse=True)
+        sums = discrete_laplace_one_many(KeyRows(keys[who]), domain, _SUM, 0,
+                                         [sum_noise(epsilon, t, histogram) for t in distinct.tolist()], which)
+        table[who, 0] = np.asarray(totals, dtype=np.int64)[who] + np.asarray(sums, dtype=np.int64)
+    return table, sizes
 
 
 def pack_statistic(total: int, counts: np.ndarray) -> bytes:
@@ -200,15 +216,21 @@ def truncation_status(noisy: bytes, *, theta_units: int, bound_units: int, resol
     if not noisy:
         return None
     values = np.frombuffer(noisy, dtype="<f8")
-    top = bound_units - theta_units
     histogram = values.size > 1
-    edges = excess_edges(top) if histogram else np.zeros(0, dtype=np.int64)
+    sum_variance, edges, count_variance = _public_frame(bound_units - theta_units, histogram, resolution, epsilon)
     return {"epsilon": epsilon, "holdout": holdout, "step": resolution,
-            "excess_sum": float(values[0]) * resolution,
-            "sum_variance": sum_noise(epsilon, top, histogram).variance * resolution**2,
-            "edges": [float(e * resolution) for e in edges.tolist()],
-            "counts": [int(c) for c in values[1:].tolist()],
-            "count_variance": count_noise(epsilon).variance}
+            "excess_sum": float(values[0]) * resolution, "sum_variance": sum_variance, "edges": list(edges),
+            "counts": [int(c) for c in values[1:].tolist()], "count_variance": count_variance}
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _public_frame(top: int, histogram: bool, resolution: float, epsilon: float) -> tuple[float, tuple[float, ...],
+                                                                                         float]:
+    """What a status states besides the noisy numbers, the same for every stream of one ``top``: the sum's noise
+    variance, the bins' edges (value units) and each count's noise variance."""
+    edges = excess_edges(top) if histogram else _NO_EDGES
+    return (sum_noise(epsilon, top, histogram).variance * resolution**2,
+            tuple(float(e * resolution) for e in edges.tolist()), count_noise(epsilon).variance)
 
 
 def _real(x: Any) -> bool:

@@ -100,6 +100,9 @@ def encode_all(batches: list[ReleaseBatch], epsilon: float) -> list[str]:
     return out
 
 
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def encode_status(rec: StreamRecord) -> bytes:
     """The retained status payload of a stream.
 
@@ -107,25 +110,35 @@ def encode_status(rec: StreamRecord) -> bytes:
     its releases (``tops query`` computes error bars from them). No secret and no data: theta, the smoother's start
     and the statistics for error bars are DP outputs of the holdout.
     """
-    status = rec.status()
-    if status.get("phase") == "releasing":
-        params = release_params(rec)
-        if params is not None:
-            status["params"] = params
-    return json.dumps(status, separators=(",", ":")).encode()
+    return _status_json(rec).encode()
 
 
 def status_line(rec: StreamRecord) -> str | None:
     """The status a file of releases carries before a releasing numeric stream's first release in it (the JSONL
     that ``tops run`` writes to stdout has no retained message to read first); None for other streams."""
-    if rec.phase != "releasing":
+    if rec.phase != "releasing" or not _has_params(rec.operator):
         return None
-    params = release_params(rec)
-    if params is None:
-        return None
+    return _status_json(rec)
+
+
+def _has_params(op: Any) -> bool:
+    return ((isinstance(op, ToPS | RowOperator) and op.smoother_layers is not None)
+            or (isinstance(op, LocalServer) and op.theta is not None))
+
+
+def _status_json(rec: StreamRecord) -> str:
+    """:meth:`StreamRecord.status` with the ``params`` of a releasing numeric stream, as compact JSON. A central
+    stream's params are the template's part, encoded once for all streams that share it (:func:`_template_json`),
+    then its own (:func:`stream_params`): the same text as the whole object encoded at once."""
     status = rec.status()
-    status["params"] = params
-    return json.dumps(status, separators=(",", ":"))
+    op = rec.operator
+    if status.get("phase") != "releasing" or not _has_params(op):
+        return _compact_json(status)
+    if isinstance(op, LocalServer):
+        status["params"] = local_params(op.config)
+        return _compact_json(status)
+    own = _compact_json(stream_params(op.config, op.theta_units, rec.error_stats))
+    return f'{_compact_json(status)[:-1]},"params":{{{_template_json(op.config, op.smoother_layers)},{own[1:]}}}'
 
 
 def release_params(rec: StreamRecord) -> dict[str, Any] | None:
@@ -141,13 +154,17 @@ def release_params(rec: StreamRecord) -> dict[str, Any] | None:
 def central_params(cfg: ToPSConfig, theta_units: int, s: int, error_stats: bytes | None) -> dict[str, Any]:
     """What a ToPS stream's releases mean: mode and mechanism, the per-reading guarantee ``epsilon`` (the hierarchy's;
     the holdout's ``threshold_epsilon`` is at most it), the hierarchy (holdout, r, b, s, smoother and the parameters
-    it reads, ``SmootherSpec.reads``), the value grid, the smoother start's noise, and the holdout's statistics for
-    error bars (``operators.error_stats``: the ``truncation`` statistic, or a ``truncation_note`` saying why there is
-    none, and the ``spread``). What the template and theta alone decide is computed once for all streams that share
-    them (:func:`_template_params`, :func:`start_sd`)."""
+    it reads, ``SmootherSpec.reads``), the value grid (:func:`template_params`), then the stream's own: the smoother
+    start's noise and the holdout's statistics for error bars (:func:`stream_params`)."""
+    return {**template_params(cfg, s), **stream_params(cfg, theta_units, error_stats)}
+
+
+def stream_params(cfg: ToPSConfig, theta_units: int, error_stats: bytes | None) -> dict[str, Any]:
+    """The part of :func:`central_params` a stream's holdout decided: the smoother start's noise (:func:`start_sd`),
+    and the holdout's statistics for error bars (``operators.error_stats``: the ``truncation`` statistic, or a
+    ``truncation_note`` saying why there is none, and the ``spread``)."""
     thr = cfg.threshold_epsilon or cfg.epsilon
-    p = dict(_template_params(cfg, s))
-    p["start_sd"] = start_sd(cfg, theta_units)
+    p: dict[str, Any] = {"start_sd": start_sd(cfg, theta_units)}
     bound_units = math.floor(cfg.span / cfg.resolution + 1e-9)
     trunc = spread = None
     if error_stats is not None:
@@ -167,9 +184,8 @@ def central_params(cfg: ToPSConfig, theta_units: int, s: int, error_stats: bytes
     return p
 
 
-@functools.lru_cache(maxsize=256)
-def _template_params(cfg: ToPSConfig, s: int) -> dict[str, Any]:
-    """The part of :func:`central_params` that the configuration and ``s`` decide (shared: copied, never changed)."""
+def template_params(cfg: ToPSConfig, s: int) -> dict[str, Any]:
+    """The part of :func:`central_params` that the configuration and ``s`` decide."""
     return {
         "mode": "central", "mechanism": "tops", "epsilon": cfg.epsilon,
         "threshold_epsilon": cfg.threshold_epsilon or cfg.epsilon,
@@ -179,6 +195,12 @@ def _template_params(cfg: ToPSConfig, s: int) -> dict[str, Any]:
         "lower": cfg.lower, "bound": cfg.bound,
         "selection": "public" if cfg.theta is not None else cfg.selection,
     }
+
+
+@functools.lru_cache(maxsize=256)
+def _template_json(cfg: ToPSConfig, s: int) -> str:
+    """:func:`template_params` as the members of a compact JSON object (no braces), once per template and s."""
+    return _compact_json(template_params(cfg, s))[1:-1]
 
 
 @functools.lru_cache(maxsize=1 << 14)

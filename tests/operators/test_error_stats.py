@@ -88,7 +88,8 @@ def test_the_excess_counts_of_many_streams_are_each_streams_own_whatever_its_the
     values = rng.integers(0, bound + 1, size=(len(thetas), 30))
     values[:, 0] = bound  # the largest excess each stream can have
     grid = np.arange(bound + 1)
-    got = _excess_rows(values, thetas, bound - thetas)
+    counts_table, nbins, totals = _excess_rows(values, thetas, bound - thetas)
+    got = [(counts_table[k, :nbins[k]], totals[k]) for k in range(len(thetas))]
     for row, theta, (counts, total) in zip(values, thetas.tolist(), got, strict=True):
         want_counts, want_total = excess_counts(np.bincount(row, minlength=bound + 1), grid, theta_units=theta,
                                                 bound_units=bound)
@@ -239,7 +240,7 @@ def test_a_stream_states_its_statistics_by_every_path_and_after_a_restore(step: 
     step (rows): each record keeps what its own operator measures, its status states it, and a record restored from
     the stored state states the same."""
     from stream.core.router import Router
-    from stream.core.sinks import encode_status
+    from stream.core.sinks import encode_status, release_params, status_line
     from stream.state.records import apply_state, record_state
 
     cfg = ToPSConfig(epsilon=1.0, bound=100, holdout=20, query_range=256, fanout=4)
@@ -261,6 +262,9 @@ def test_a_stream_states_its_statistics_by_every_path_and_after_a_restore(step: 
         assert rec.error_stats == alone.error_stats is not None, name
         status = json.loads(encode_status(rec))
         assert status["params"]["truncation"]["holdout"] == 20 and status["params"]["spread"] is not None
+        # the text a status is sent as (the template's part encoded once) is the whole object's encoding
+        whole = {**rec.status(), "params": release_params(rec)}
+        assert encode_status(rec) == json.dumps(whole, separators=(",", ":")).encode() == status_line(rec).encode()
         other = Router(lambda n: ToPS(cfg, hashlib.sha256(n.encode()).digest()), 100).record(name)
         apply_state(other, json.loads(json.dumps(record_state(rec))))
         assert other.error_stats == rec.error_stats
