@@ -23,7 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stream.commands.categorical_data import stand_in  # noqa: E402
+from stream.commands.categorical_data import synthetic_dataset  # noqa: E402
 from stream.commands.compare_categorical import run_method  # noqa: E402
 
 KEY = bytes(range(32))
@@ -48,10 +48,10 @@ def main() -> int:
     args = p.parse_args()
     eps_grid = [float(v) for v in args.eps.split(",")]
     t = time.perf_counter()
-    data = stand_in(0)
+    data = synthetic_dataset(0)
     print(f"stand-in: {data.n} users, {data.od_cells.size} non-empty OD cells ({time.perf_counter() - t:.1f} s)")
     # warm the compiled kernels (numba cache) on a small problem
-    small = stand_in(1, scale=0.001)
+    small = synthetic_dataset(1, scale=0.001)
     for m in ("olh", "olh-fourier", "hr", "hm"):
         run_method(m, "county", 2.0, small, KEY)
     rows = []

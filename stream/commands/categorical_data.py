@@ -7,7 +7,7 @@ holding one user in the data, 139,515 in the stand-in; the largest 5,871), and 1
 which 6 are empty. Commutes stay in their county about 60% of the time; the non-empty cells' counts are Zipf-like
 (exponent 1.7, truncated at 5,871, the non-single counts scaled so that they sum to n). Nothing here is real data.
 
->>> data = stand_in(seed=0)
+>>> data = synthetic_dataset(seed=0)
 >>> data.n, data.d_county, data.d_od, data.od_cells.size, int(data.od_counts.max())
 (2750238, 1085, 9796900, 287116, 5871)
 >>> int((data.county_counts() == 0).sum())
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CategoricalData", "stand_in"]
+__all__ = ["CategoricalData", "synthetic_dataset"]
 
 N_USERS = 2_750_238
 N_COUNTIES = 31
@@ -63,7 +63,7 @@ class CategoricalData:
         return out
 
 
-def stand_in(seed: int = 0, scale: float = 1.0) -> CategoricalData:
+def synthetic_dataset(seed: int = 0, scale: float = 1.0) -> CategoricalData:
     """The stand-in (``scale`` < 1 shrinks the number of non-empty cells and users, for tests)."""
     rng = np.random.default_rng(seed)
     places = N_PLACES + N_SPECIAL

@@ -49,7 +49,7 @@ from operators.categorical import (
 )
 from operators.categorical._common import categorical_domain
 from operators.noise import KeyedGenerator
-from stream.commands.categorical_data import CategoricalData, stand_in
+from stream.commands.categorical_data import CategoricalData, synthetic_dataset
 
 __all__ = ["METHODS", "add_arguments", "main", "run_method"]
 
@@ -149,7 +149,7 @@ def main(args: argparse.Namespace) -> int:
     if args.repetitions < 1:
         print("tops compare-categorical: --repetitions must be at least 1", file=sys.stderr)
         return 2
-    data = stand_in(args.seed)
+    data = synthetic_dataset(args.seed)
     truth = data.counts(args.level).astype(np.float64)
     rows: list[dict[str, Any]] = []
     for method in methods:

@@ -9,7 +9,7 @@ A stream whose operator raises is marked *failed* (:meth:`Router.fail`): its sta
 readings (result ``failed``) until the daemon restarts, and the other streams go on. A stream idle for
 ``[streams] idle_timeout`` leaves memory (:meth:`Router.evict`, after a checkpoint of its state: see the daemon).
 
-The router is its own intake (``add``, ``add_many``, ``add_plain``); a layer over it (the journal of durable state,
+The router is its own intake (``add``, ``add_many``, ``add_values``); a layer over it (the journal of durable state,
 stream/state/journaled.py) wraps the router object and is what the daemon calls. How a new stream is made is the
 router's :class:`StreamMaker`, given at construction (durable state gives one that admits it through the privacy
 ledger and restores its stored state, stream/state/admission.py).
@@ -413,7 +413,7 @@ class Router:
                 if accept(rec, v, None if ts is None else ts[i], None if seqs is None else seqs[i], now) == "ok"]
         return None if len(kept) == len(values) else kept
 
-    def add_plain(self, recs: list[StreamRecord], values: list[float], now: float) -> list[int]:
+    def add_values(self, recs: list[StreamRecord], values: list[float], now: float) -> list[int]:
         """:meth:`add` for readings without ts and seq of many streams at once (the ``stream,value`` lines of a stdin
         chunk, in their order), in mode ``reading``: each appended to its stream's pending readings, without a call
         per reading. Returns the indexes it left for :meth:`add` (a failed stream, periods, a local holdout that
@@ -497,7 +497,7 @@ class Router:
             if type(rec.operator) is RowOperator:
                 rec.operator.free()
             elif type(rec.operator) is HoldoutRow:
-                self._unlend(rec)  # a checkpoint's writer may still read the row: it keeps a copy
+                self._detach_from_checkpoint(rec)  # a checkpoint's writer may still read the row: it keeps a copy
                 rec.operator.free()
             if rec.phase == "holdout":
                 self.in_holdout -= 1
@@ -507,7 +507,7 @@ class Router:
         return n
 
     @staticmethod
-    def _unlend(rec: StreamRecord) -> None:
+    def _detach_from_checkpoint(rec: StreamRecord) -> None:
         """Before a lent holdout changes (or its row is freed): a checkpoint's writer gets its state as it was at the
         cut, copied only now (stream/state/records.py)."""
         lent = rec.lent
@@ -517,7 +517,7 @@ class Router:
 
     def _process_batch(self, rec: StreamRecord, values: list[float], ts: list[float]) -> ReleaseBatch | None:
         t0 = time.perf_counter()
-        self._unlend(rec)
+        self._detach_from_checkpoint(rec)
         op = rec.operator
         n = len(values)
         if type(op) is HoldoutRow:
@@ -617,7 +617,7 @@ class Router:
                 if not recs:
                     continue
             for rec in recs:
-                self._unlend(rec)
+                self._detach_from_checkpoint(rec)
             if len(recs) == sum(lengths):  # one reading each (the common step)
                 rows = np.array(row_of, dtype=np.int64)
                 values = np.array([rec.pending[0] for rec in recs], dtype=np.float64)  # type: ignore[index]
@@ -641,7 +641,7 @@ class Router:
         """The pending readings of ToPS streams (objects) that stay in their holdout, taken by each operator's
         ``hold`` (what its ``process`` does with them, without the release path's set-up per stream)."""
         for rec in recs:
-            self._unlend(rec)
+            self._detach_from_checkpoint(rec)
             values = rec.pending
             assert values is not None
             try:
@@ -680,7 +680,7 @@ class Router:
                 self.latencies.append(time.perf_counter() - t0)
             return
         for rec in ending:
-            self._unlend(rec)
+            self._detach_from_checkpoint(rec)
             values, ts = rec.pending, rec.pending_ts
             assert values is not None and ts is not None
             try:
@@ -743,7 +743,7 @@ class Router:
         pool = self.pool
         for store, group in _by_store(recs):
             for rec in group:
-                self._unlend(rec)
+                self._detach_from_checkpoint(rec)
             rows = np.array([rec.operator.row for rec in group], dtype=np.int64)
             lefts = (store.config.holdout_ticks - store.ticks[rows]).tolist()
             values = [v for rec, n in zip(group, lefts, strict=True) for v in rec.pending[:n]]  # type: ignore[index]

@@ -114,7 +114,8 @@ class Daemon:
         self.msg_counts = dict.fromkeys(MESSAGE_RESULTS, 0)
         self._keyed: Callable[[bytes], Any] | None = None  # keyed_operator's maker, its settings read once
         self._master: bytes | None = None  # the master key, where new streams are keyed operators (a secret)
-        self._born_rows = False  # whether keyed_operator makes plain holdout rows (_keyed_maker; born_together)
+        # whether keyed_operator makes plain holdout rows (_keyed_maker; new_streams_in_bulk)
+        self._new_streams_are_rows = False
         # stdin: the bytes of a ``stream,value`` line's name -> the name (checked once: on_lines' common line)
         self._csv_names: dict[bytes, str] = {}
         self._csv_names_max = max(1 << 16, 2 * cfg.streams.max_streams)
@@ -267,16 +268,16 @@ class Daemon:
 
     def _keyed_maker(self) -> Callable[[bytes], Any]:
         """What :meth:`keyed_operator` makes of a key, decided once (not looked up in the configuration per
-        key); ``_born_rows`` says whether it is a plain holdout row (:meth:`born_together`)."""
+        key); ``_new_streams_are_rows`` says whether it is a plain holdout row (:meth:`new_streams_in_bulk`)."""
         category, template, method = self.cfg.category, self.cfg.template, self.cfg.streams.method
-        self._born_rows = False
+        self._new_streams_are_rows = False
         if category is not None:
             make = self._keyed = lambda key: histogram_operator(category, key)
         elif method == "tops" and self.router.holdouts is not None and born_in_rows(template):
             # a new stream is the holdout row its ToPS would become, made without that ToPS (whose cost is mostly the
             # collector's share of the objects made and dropped)
             make = self._keyed = partial(self.router.holdout_row, template)
-            self._born_rows = True
+            self._new_streams_are_rows = True
         elif method == "tops" and self.router.pool is not None and born_releasing(template):
             # a public theta: a new stream is the release row its ToPS would become, made without that ToPS
             make = self._keyed = partial(self.router.release_row, template)
@@ -517,16 +518,16 @@ class Daemon:
         # read once a batch, not once a reading: a configuration section's attribute goes through __getattr__
         limit, default = self.cfg.input.max_payload_bytes, self.cfg.input.default_stream
         names, streams, isfinite = self._csv_names, self.router.streams, math.isfinite
-        # the common line, ``stream,value``, of a stream already seen: what on_line does with it, without decoding its
-        # name again (the name's bytes as a line gives them, mapped to the name on_line checked), and of a new stream
-        # (new_plain: its record made as on_line makes it); these lines are taken together (Router.add_plain), those
-        # before any other line first, so that every stream keeps its order
-        # (a new stream's record is made at the chunk's next call of add_plain, with the other new streams met since:
-        # ``born`` gives its index, which stands for its record in ``recs`` until then: born_together)
+        # the common line, ``stream,value``, of a stream already seen: what take_line does with it, without decoding
+        # its name again (the name's bytes as a line gives them, mapped to the name take_line checked), and of a new
+        # stream (first_line_of_new_stream: its record made as take_line makes it); these lines are taken together
+        # (Router.add_values), those before any other line first, so that every stream keeps its order
+        # (a new stream's record is made at the chunk's next call of add_values, with the other new streams met since:
+        # ``born`` gives its index, which stands for its record in ``recs`` until then: new_streams_in_bulk)
         recs: list[StreamRecord | int] = []
         values: list[float] = []
         born: dict[str, int] = {}
-        new_plain = self.new_plain
+        first_line_of_new_stream = self.first_line_of_new_stream
         for line in lines:
             parts = line.split(b",")
             if len(parts) == 2 and len(line) <= limit:
@@ -540,29 +541,29 @@ class Daemon:
                         recs.append(rec)
                         values.append(value)
                         continue
-                elif (got := new_plain(parts, now, born)) is not None:  # the first line of a new stream
+                elif (got := first_line_of_new_stream(parts, now, born)) is not None:  # the first line of a new stream
                     recs.append(got[0])
                     values.append(got[1])
                     continue
             if recs:
-                self.add_plain(recs, values, now, born)
+                self.add_values(recs, values, now, born)
                 recs, values, born = [], [], {}
             try:
-                self.on_line(line, now, limit, default)
+                self.take_line(line, now, limit, default)
             except OSError:
                 raise
             except Exception as exc:
                 self.message_failed(exc, "stdin line")
         if recs:
-            self.add_plain(recs, values, now, born)
+            self.add_values(recs, values, now, born)
         self.safe_step()
 
-    def new_plain(self, parts: list[bytes], now: float,
+    def first_line_of_new_stream(self, parts: list[bytes], now: float,
                   born: dict[str, int]) -> tuple[StreamRecord | int, float] | None:
         """The ``stream,value`` line (split at its comma) of a stream not yet known: its record, made as
-        :meth:`on_line` makes it (or, where new streams are born together, its index in ``born``, the chunk's new
-        streams so far: made by :meth:`add_plain`), and its value, to be taken with the chunk's other plain lines;
-        None for anything else (an invalid name or value, space around the name, the stream cap): :meth:`on_line`
+        :meth:`take_line` makes it (or, where new streams are born together, its index in ``born``, the chunk's new
+        streams so far: made by :meth:`add_values`), and its value, to be taken with the chunk's other plain lines;
+        None for anything else (an invalid name or value, space around the name, the stream cap): :meth:`take_line`
         then decides, and counts, as for any line."""
         raw = parts[0]
         first = raw[:1]
@@ -580,14 +581,14 @@ class Daemon:
         if rec is None and (rec := born.get(name)) is None:
             if len(router.streams) + len(born) >= router.max_streams:
                 return None
-            if self.born_together():
+            if self.new_streams_in_bulk():
                 rec = born[name] = len(born)
             else:
                 try:
                     rec = self.stream_record(name, now)
                 except OSError:  # the journal's disk: decided there
                     raise
-                except Exception:  # a stored stream that cannot be restored: on_line counts the line failed
+                except Exception:  # a stored stream that cannot be restored: take_line counts the line failed
                     return None
                 if rec is None:
                     return None
@@ -597,33 +598,34 @@ class Daemon:
         names[raw] = name
         return rec, value
 
-    def born_together(self) -> bool:
+    def new_streams_in_bulk(self) -> bool:
         """Whether new streams are the plain holdout rows :meth:`keyed_operator` makes (its own decision, with the
         daemon's keyed factory as the router's: no durable state, no factory given; and no periods): then a stdin
-        chunk's new streams are made together (:meth:`make_born`: their keys, rows and records), as one at a time
+        chunk's new streams are made together (:meth:`make_new_streams`: their keys, rows and records), as one at a time
         they would be."""
         if self._master is None or self.durable is not None or self.router.clock is not None:
             return False
         if self._keyed is None:
             self._keyed_maker()
-        return self._born_rows
+        return self._new_streams_are_rows
 
-    def make_born(self, names: list[str]) -> list[StreamRecord]:
+    def make_new_streams(self, names: list[str]) -> list[StreamRecord]:
         """The records of new streams ``names`` (distinct, unknown, within the cap), made together: what
-        :meth:`stream_record` makes of each (``born_together``)."""
+        :meth:`stream_record` makes of each (``new_streams_in_bulk``)."""
         master, identity, router = self._master, self.identity, self.router
         assert master is not None
         keys = [derive_stream_key(master, name, identity=identity) for name in names]
         return router.records_new(names, router.holdout_rows(self.cfg.template, keys), identity)
 
-    def add_plain(self, recs: list[StreamRecord | int], values: list[float], now: float,
+    def add_values(self, recs: list[StreamRecord | int], values: list[float], now: float,
                   born: dict[str, int] | None = None) -> None:
         """The ``stream,value`` lines of known streams (one reading each), routed together; a line is one message.
-        An int in ``recs``: the index of a new stream in ``born`` (:meth:`new_plain`), whose records are made first."""
+        An int in ``recs``: the index of a new stream in ``born`` (:meth:`first_line_of_new_stream`), whose records
+        are made first."""
         intake, counts = self.intake, self.msg_counts
         if born:
             try:
-                made = self.make_born(list(born))
+                made = self.make_new_streams(list(born))
             except OSError:
                 raise
             except Exception as exc:  # a bug: the lines of these new streams fail (as each would alone), no other
@@ -634,7 +636,7 @@ class Daemon:
             else:
                 recs = [made[r] if type(r) is int else r for r in recs]  # type: ignore[index]
         try:
-            left = intake.add_plain(recs, values, now)
+            left = intake.add_values(recs, values, now)
         except OSError:  # the journal's disk: what a full disk does is decided there
             raise
         except Exception as exc:  # a bug: the streams of these lines fail (as one line's would), no other
@@ -653,7 +655,7 @@ class Daemon:
             except Exception as exc:
                 self.message_failed(exc, f"stdin line for stream {rec.name!r}", rec)
 
-    def on_line(self, line: bytes, now: float, limit: int, default: str | None) -> None:
+    def take_line(self, line: bytes, now: float, limit: int, default: str | None) -> None:
         """One stdin line (``limit``: ``[input] max_payload_bytes``; ``default``: ``[input] default_stream``)."""
         counts, router, intake = self.msg_counts, self.router, self.intake
         if len(line) > limit:

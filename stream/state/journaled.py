@@ -1,6 +1,6 @@
 """The daemon's intake with durable state: every reading the router accepts goes to the journal.
 
-:class:`JournaledIntake` wraps the router's intake (``add``, ``add_many``, ``add_plain``) and is what the daemon
+:class:`JournaledIntake` wraps the router's intake (``add``, ``add_many``, ``add_values``) and is what the daemon
 calls when ``[state] data_dir`` is set: each call is the router's, then the readings it accepted are appended to the
 journal in their order (the readings of one message make one line), each with the time its tick was decided by, and
 their streams are marked changed for the next checkpoint. The journal's lines are made durable by the sync loop
@@ -26,7 +26,7 @@ class JournaledIntake:
         self.arrival_time = router.clock is not None and not router.event_time
         self._add = router.add
         self._add_many = router.add_many
-        self._add_plain = router.add_plain
+        self._add_plain = router.add_values
 
     def add(self, rec: StreamRecord, value: float, ts: float | None, seq: int | None, now: float) -> str:
         """``Router.add``, then the accepted reading goes to the journal (with the time its tick was decided by:
@@ -54,8 +54,8 @@ class JournaledIntake:
         self.changed.add(rec.name)
         return kept
 
-    def add_plain(self, recs: list[StreamRecord], values: list[float], now: float) -> list[int]:
-        """``Router.add_plain``, then every reading it accepted goes to the journal, in its order (the readings it
+    def add_values(self, recs: list[StreamRecord], values: list[float], now: float) -> list[int]:
+        """``Router.add_values``, then every reading it accepted goes to the journal, in its order (the readings it
         leaves go through :meth:`add`)."""
         left = self._add_plain(recs, values, now)
         append, changed = self.journal.append_json, self.changed

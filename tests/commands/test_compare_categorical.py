@@ -6,14 +6,14 @@ import csv
 import math
 
 from stream.cli import main
-from stream.commands.categorical_data import stand_in
+from stream.commands.categorical_data import synthetic_dataset
 
 
 def test_stand_in_has_the_thesis_shape() -> None:
-    data = stand_in(0)
+    data = synthetic_dataset(0)
     assert data.n == 2_750_238 and data.od_cells.size == 287_116 and int(data.od_counts.max()) == 5871
     assert int((data.county_counts() == 0).sum()) == 6 and data.d_od == 9_796_900
-    again = stand_in(0)
+    again = synthetic_dataset(0)
     assert (again.od_cells == data.od_cells).all() and (again.od_counts == data.od_counts).all()
 
 

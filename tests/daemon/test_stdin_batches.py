@@ -1,10 +1,10 @@
-"""The ``stream,value`` lines of a stdin chunk are routed together (``Router.add_plain``), a new stream's first line
-too (its record made on the way, ``Daemon.new_plain``); every other line, one at a time. The attacks: a chunk that
-mixes both kinds for one stream must keep that stream's order (a batch taken after the other lines would reorder its
-readings), a failed stream's lines inside a batch are refused and counted, a local holdout's plain lines still go to
-its reports, a batch whose routing raises fails its own streams only, and a new stream's line that is not a clean
-``stream,value`` (a bad name, a bad value, space around the name, past the stream cap, a stored stream that cannot be
-restored) is decided and counted exactly as one line at a time decides it."""
+"""The ``stream,value`` lines of a stdin chunk are routed together (``Router.add_values``), a new stream's first line
+too (its record made on the way, ``Daemon.first_line_of_new_stream``); every other line, one at a time. The attacks: a
+chunk that mixes both kinds for one stream must keep that stream's order (a batch taken after the other lines would
+reorder its readings), a failed stream's lines inside a batch are refused and counted, a local holdout's plain lines
+still go to its reports, a batch whose routing raises fails its own streams only, and a new stream's line that is not
+a clean ``stream,value`` (a bad name, a bad value, space around the name, past the stream cap, a stored stream that
+cannot be restored) is decided and counted exactly as one line at a time decides it."""
 
 from __future__ import annotations
 
@@ -110,10 +110,10 @@ class _BatchBug:
         self.inner, self.broken = inner, False
         self.add, self.add_many = inner.add, inner.add_many
 
-    def add_plain(self, recs: list, values: list[float], now: float) -> list[int]:
+    def add_values(self, recs: list, values: list[float], now: float) -> list[int]:
         if self.broken:
             raise RuntimeError("injected")
-        return self.inner.add_plain(recs, values, now)
+        return self.inner.add_values(recs, values, now)
 
 
 class _DaemonWithBatchBug(daemon_mod.Daemon):
@@ -162,9 +162,9 @@ def test_new_streams_first_lines_are_decided_as_one_line_at_a_time_decides_them(
                                                                                 template: dict) -> None:
     """Three daemons on one key file and one identity, the same hostile chunks (and a stream cap that the chunks
     cross): one takes a new stream's line with the chunk's plain lines, its record made with the chunk's other new
-    streams' where they are holdout rows (``make_born``), one makes each record as its line is met, the third goes
-    line by line (``new_plain`` off). The same streams (in their order, with their identity), counts, rejections
-    and releases."""
+    streams' where they are holdout rows (``make_new_streams``), one makes each record as its line is met, the third
+    goes line by line (``first_line_of_new_stream`` off). The same streams (in their order, with their identity),
+    counts, rejections and releases."""
     runs = []
     together = template["holdout"] == 3  # new streams are holdout rows (operators.columnar_holdout.born_in_rows)
     for mode in ("together", "one by one", "line by line"):
@@ -172,17 +172,18 @@ def test_new_streams_first_lines_are_decided_as_one_line_at_a_time_decides_them(
         d.identity = "0" * 32
         made = []
         if mode == "together":
-            assert d.born_together() == together
-            real = d.make_born
-            monkeypatch.setattr(d, "make_born", lambda names, real=real, made=made: made.append(names) or real(names))
-        elif mode == "one by one":  # each new stream's record made as its line is met (Daemon.new_plain)
-            monkeypatch.setattr(d, "born_together", lambda: False)
+            assert d.new_streams_in_bulk() == together
+            real = d.make_new_streams
+            monkeypatch.setattr(d, "make_new_streams",
+                                lambda names, real=real, made=made: made.append(names) or real(names))
+        elif mode == "one by one":  # each new stream's record made as its line is met (Daemon.first_line_of_new_stream)
+            monkeypatch.setattr(d, "new_streams_in_bulk", lambda: False)
         else:
-            monkeypatch.setattr(d, "new_plain", lambda parts, now, born: None)
+            monkeypatch.setattr(d, "first_line_of_new_stream", lambda parts, now, born: None)
         for chunk in _hostile_new_lines():
             d.on_lines(chunk)
         if mode == "together" and together:  # the new streams were made together, between the other lines
-            together_made = [name for names in made for name in names]  # all but those of lines on_line decides
+            together_made = [name for names in made for name in names]  # all but those of lines take_line decides
             assert together_made == [n for n in d.router.streams if n[0] == "s" or n == "café"]
             assert max(map(len, made)) > 1
         runs.append((list(d.router.streams), dict(d.msg_counts), d.cap_readings, dict(d.router.counts),
@@ -202,16 +203,16 @@ def test_new_streams_whose_making_raises_fail_their_lines_and_the_others_go_on(t
     are taken, and the next chunk's new streams are made."""
     d, text = _daemon(tmp_path, {**TPL, "holdout": 3})
     d.on_lines([b"k,1", b"k,2"])
-    real = d.make_born
+    real = d.make_new_streams
 
     def broken(names):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(d, "make_born", broken)
+    monkeypatch.setattr(d, "make_new_streams", broken)
     ok, failed = d.msg_counts["ok"], d.msg_counts["failed"]
     d.on_lines([b"n1,1", b"k,3", b"n2,2", b"n1,3", b"k,4"])
     assert d.msg_counts["failed"] - failed == 3 and d.msg_counts["ok"] - ok == 2
     assert set(d.router.streams) == {"k"} and d.router.streams["k"].ticks == 4
-    monkeypatch.setattr(d, "make_born", real)
+    monkeypatch.setattr(d, "make_new_streams", real)
     d.on_lines([b"n1,5", b"n1,6", b"n1,7", b"n1,8"])
     assert d.router.streams["n1"].ticks == 4 and len(_releases(text)["n1"]) == 1

@@ -97,7 +97,7 @@ def test_test_modules_take_shared_helpers_from_the_support_module() -> None:
 # Attributes that hold the router's intake and stream maker, and the MQTT link's client maker, message handler and
 # acknowledgement mode: what durable state used to replace on the instances at run time. A layer is composed at
 # construction instead.
-REASSIGNED_NAMES = {"add", "add_many", "add_plain", "record", "factory", "_client", "on_messages", "manual_ack"}
+REASSIGNED_NAMES = {"add", "add_many", "add_values", "record", "factory", "_client", "on_messages", "manual_ack"}
 # Where paho-mqtt's and aiomqtt's internals may be touched (the one module that knows them).
 PAHO_MODULE = "stream/daemon/sources.py"
 
