@@ -37,6 +37,7 @@ True
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +58,9 @@ __all__ = [
     "square_wave_report",
     "square_wave_transition_matrix",
     "sw_unit",
+    "sww_cut_points",
     "sww_prune",
+    "tail_moment_from_counts",
 ]
 
 PRUNE_RUN = 5  # SW-W: this many consecutive small estimates ...
@@ -203,10 +206,36 @@ def square_wave_em(
     return f, int(it)
 
 
-def sww_prune(density: Any, run: int = PRUNE_RUN, level: float = PRUNE_LEVEL) -> tuple[np.ndarray, int | None]:
+def sww_cut_points(density: Any, run: int = PRUNE_RUN, level: float = PRUNE_LEVEL) -> np.ndarray:
+    """SW-W's candidate cut points in increasing order: every bucket ``w`` after the median whose next ``run``
+    estimates are all below ``level`` (a fraction of the total). :func:`sww_prune` cuts at the first one it may."""
+    f = np.asarray(density, dtype=np.float64)
+    total = f.sum()
+    if f.ndim != 1 or not total > 0:
+        msg = "density must be a 1-D array with positive mass"
+        raise ValueError(msg)
+    f = f / total
+    if f.size <= run:
+        return np.zeros(0, dtype=np.int64)
+    small = (f < level).astype(np.int64)
+    window = np.convolve(small, np.ones(run, dtype=np.int64), mode="valid")  # window[k] = #small in f[k:k+run]
+    starts = np.flatnonzero(window[1:] == run) + 1  # a run starting at k >= 1 follows the point w = k - 1
+    # never inside the bulk: at high eps the unsmoothed EM estimate is spiky and a run of empty buckets can come
+    # before half of the mass; the tail SW-W is meant to cut starts after the median
+    median = int(np.searchsorted(np.cumsum(f), 0.5))
+    return (starts[starts > median] - 1).astype(np.int64)
+
+
+def sww_prune(
+    density: Any,
+    run: int = PRUNE_RUN,
+    level: float = PRUNE_LEVEL,
+    keep: Callable[[int], bool] | None = None,
+) -> tuple[np.ndarray, int | None]:
     """SW-W (Section 4.1): find the first bucket ``w`` at or after the median whose next ``run`` estimates are all
     below ``level`` (a fraction of the total), zero the density after ``w`` and renormalize. Returns
-    ``(density, w)``, ``w = None`` (and the density only normalized) when no bucket qualifies.
+    ``(density, w)``, ``w = None`` (and the density only normalized) when no bucket qualifies. ``keep(w)`` True
+    means the reports show the tail after ``w``: that point is skipped and the next one tried.
 
     >>> f = np.array([0.5, 0.3, 0.1, 0.00005, 0, 0, 0, 0.00001, 0.09, 0.00994])
     >>> pruned, w = sww_prune(f)
@@ -215,31 +244,53 @@ def sww_prune(density: Any, run: int = PRUNE_RUN, level: float = PRUNE_LEVEL) ->
     >>> spiky = np.array([0.3, 0, 0, 0, 0, 0, 0.3, 0.4, 0, 0, 0, 0, 0, 1e-5])    # empty buckets inside the bulk
     >>> sww_prune(spiky)[1]                                                      # cut after the median only
     7
+    >>> sww_prune(f, keep=lambda w: True)[1] is None                             # every tail is shown: no cut
+    True
     """
     f = np.asarray(density, dtype=np.float64)
-    total = f.sum()
-    if f.ndim != 1 or not total > 0:
-        msg = "density must be a 1-D array with positive mass"
+    points = sww_cut_points(f, run, level)
+    f = f / f.sum()
+    for w in points.tolist():
+        if keep is not None and keep(w):
+            continue
+        kept = f[: w + 1].sum()
+        if not kept > 0:
+            return f, None
+        out = np.zeros_like(f)
+        out[: w + 1] = f[: w + 1] / kept
+        return out, w
+    return f, None
+
+
+def tail_moment_from_counts(counts: Any, epsilon: float, t: float, b: float | None = None) -> tuple[float, float]:
+    """An unbiased estimate of ``E[min((x - t)+, 2b)]`` (unit scale) from SW report counts over equal buckets of
+    ``[-b, 1 + b]``, and its standard error: how much of the readings' mass lies above ``t``, weighted by how far.
+
+    For ``y >= t + b`` a window ``[x - b, x + b]`` reaches ``y`` only when ``x > t``, so the reports in the band
+    ``[t + b, 1 + b]`` (width ``d = 1 - t``) number ``N (q d + (p - q) E[min((x - t)+, 2b)])`` in expectation
+    (Eq. 16: density ``q`` everywhere, ``p`` inside the window): the estimate is
+    ``(n_band / N - q d) / (p - q)``, with standard error ``sqrt(n_band) / (N (p - q))`` (Poisson counts; the report
+    bucket that straddles ``t + b`` counts by the share of it inside the band).
+
+    >>> b, p, q = square_wave_parameters(1.0)
+    >>> x = np.full(200_000, 0.8)                                   # every reading at 0.8 (unit scale)
+    >>> from operators.noise import Domain, KeyedGenerator
+    >>> y = square_wave_perturb(x, 1.0, KeyedGenerator(bytes(32)).uniforms(Domain.LOCAL, 0, 0, x.size))
+    >>> est, se = tail_moment_from_counts(square_wave_histogram(y, b), 1.0, 0.5)
+    >>> bool(abs(est - 0.3) < 3 * se) and se < 0.01                  # min(0.8 - 0.5, 2b) = 0.3
+    True
+    """
+    b, p, q = square_wave_parameters(epsilon, b)
+    n = np.asarray(counts, dtype=np.float64)
+    total = float(n.sum())
+    if n.ndim != 1 or n.size < 2 or not total > 0 or not 0.0 <= t <= 1.0:
+        msg = "counts must be non-empty report counts and t in [0, 1]"
         raise ValueError(msg)
-    f = f / total
-    small = (f < level).astype(np.int64)
-    if f.size <= run:
-        return f, None
-    window = np.convolve(small, np.ones(run, dtype=np.int64), mode="valid")  # window[k] = #small in f[k:k+run]
-    starts = np.flatnonzero(window[1:] == run) + 1  # a run starting at k >= 1 follows the point w = k - 1
-    # never inside the bulk: at high eps the unsmoothed EM estimate is spiky and a run of empty buckets can come
-    # before half of the mass; the tail SW-W is meant to cut starts after the median
-    median = int(np.searchsorted(np.cumsum(f), 0.5))
-    starts = starts[starts > median]
-    if starts.size == 0:
-        return f, None
-    w = int(starts[0]) - 1
-    kept = f[: w + 1].sum()
-    if not kept > 0:
-        return f, None
-    out = np.zeros_like(f)
-    out[: w + 1] = f[: w + 1] / kept
-    return out, w
+    width = (1.0 + 2.0 * b) / n.size
+    left = -b + np.arange(n.size) * width
+    inside = np.clip((left + width - (t + b)) / width, 0.0, 1.0)  # share of each report bucket in [t + b, 1 + b]
+    in_band = float((n * inside).sum())
+    return (in_band / total - q * (1.0 - t)) / (p - q), math.sqrt(max(in_band, 1.0)) / (total * (p - q))
 
 
 def estimate_density(

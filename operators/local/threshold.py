@@ -26,7 +26,7 @@ Examples
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,56 +34,28 @@ import numpy as np
 
 from operators.local._units import as_float_array, check_epsilon
 from operators.local.hybrid import hybrid_worst_case_variance
-from operators.local.square_wave import PRUNE_LEVEL, DensityEstimate, estimate_density, square_wave_parameters
+from operators.local.square_wave import (
+    PRUNE_LEVEL,
+    DensityEstimate,
+    square_wave_em,
+    square_wave_histogram,
+    square_wave_parameters,
+    sww_prune,
+    tail_moment_from_counts,
+)
 
 __all__ = [
-    "COARSE_QUANTILE",
-    "COARSE_SHARE",
+    "TAIL_SIGNIFICANCE",
     "ThresholdEstimate",
-    "coarse_domain",
     "optimal_threshold",
+    "shown_tail",
     "threshold_candidates",
     "threshold_from_reports",
     "threshold_objective",
 ]
 
 
-COARSE_SHARE = 0.25  # the coarse round: the first quarter of the holdout's reports
-COARSE_QUANTILE = 0.95  # its estimate's 95 % point ...
-_COARSE_MULTIPLE = 8.0  # ... times 8 is the fine round's domain U
-_WINDOW_MULTIPLE = 2.0  # refine only where SW's window on [0, B] (b B) is wider than 2 U
-
-
-def coarse_domain(
-    density: Any, bound: float, threshold_epsilon: float, resolution: float | None = 1.0, floor: float = 0.0
-) -> float:
-    """The fine round's domain from the coarse round's density over ``[0, B]``, or ``B`` (no second round).
-
-    Square Wave's window is ``b B`` wide on each side (b from Eq. 16: 0.26 at eps 1, 0.45 at eps 0.2), whatever the
-    data; when the public bound dwarfs the data (retail: B = 16,470, readings up to 76) every report is mostly
-    noise and EM puts mass far from the data, which Eq. 8 then chases. So the first quarter of the holdout finds the
-    data's scale, ``U = 8 x`` its estimate's 95 % point (the far tail of a coarse estimate is mostly EM's
-    invention, its 95 % point is not), and the rest of the holdout reports over ``[0, U]`` (the
-    device clamps to U: a smaller domain, the same epsilon). Only worth it where the window is wider than ``2 U``;
-    elsewhere ``B`` is returned and the two rounds are one (their counts add up).
-
-    >>> f = np.zeros(1024); f[:5] = 0.2                          # data in the first 5 of 1,024 buckets of B
-    >>> coarse_domain(f, 16470.0, 1.0)                           # 8 x 80.4, rounded up to the resolution
-    644.0
-    >>> coarse_domain(f, 16470.0, 6.0)                           # a narrow window at eps 6: no second round
-    16470.0
-    """
-    f = as_float_array(density, "density")
-    f = f / f.sum()
-    k = f.size
-    q = (int(np.searchsorted(np.cumsum(f), COARSE_QUANTILE)) + 1) * float(bound) / k
-    u = max(_COARSE_MULTIPLE * q, floor)  # ``floor``: a lower limit the caller trusts more (see rounds)
-    if resolution is not None:
-        u = max(2.0 * resolution, math.ceil(u / resolution - 1e-9) * resolution)
-    b = square_wave_parameters(threshold_epsilon)[0]
-    if u >= bound or b * bound <= _WINDOW_MULTIPLE * u:
-        return float(bound)
-    return float(u)
+TAIL_SIGNIFICANCE = 2.0  # SW-W never cuts a tail the holdout's reports show at this many standard errors
 
 
 def threshold_candidates(bound: float, buckets: int = 1024) -> np.ndarray:
@@ -129,6 +101,28 @@ class ThresholdEstimate:
     estimate: DensityEstimate
 
 
+def shown_tail(
+    counts: Any, epsilon: float, buckets: int, b: float | None = None, z: float = TAIL_SIGNIFICANCE
+) -> Callable[[int], bool]:
+    """``keep(w)``: do the SW report ``counts`` show mass above density bucket ``w`` (of ``buckets``)? True when the
+    band estimate of the tail above it (:func:`operators.local.square_wave.tail_moment_from_counts`) exceeds ``z``
+    standard errors.
+
+    Why SW-W needs it: unsmoothed EM fits the reports' noise with small spikes scattered over the domain (about
+    1 % of the mass in all), so SW-W must cut after the data; but the estimate of a real, thin tail is just as
+    spiky, with runs of empty buckets inside it, and a cut there drops readings the reports plainly show (a meter's
+    2 % of spikes at eps 2, retail's tail at eps 2 to 4). The guard keeps those and still cuts the noise: its band
+    estimate is within a standard error or two of zero.
+    """
+    n = np.asarray(counts, dtype=np.float64)
+
+    def keep(w: int) -> bool:
+        est, se = tail_moment_from_counts(n, epsilon, (w + 1) / buckets, b)
+        return est > z * se
+
+    return keep
+
+
 def threshold_from_reports(
     reports: Any,
     bound: float,
@@ -141,11 +135,14 @@ def threshold_from_reports(
     prune: bool = True,
     counts: Any = None,
     prune_level: float = PRUNE_LEVEL,
+    guard: float | None = TAIL_SIGNIFICANCE,
+    cut_within: float = 1.0,
 ) -> ThresholdEstimate:
     """Server side of ToPL's first phase: SW reports in reading units (``[-b B, (1 + b) B]``, as devices publish
     them) -> histogram over ``report_buckets`` buckets -> SW-W density over ``buckets`` buckets of ``[0, bound]``
     -> theta minimizing Eq. 8 for the stream budget ``epsilon``. ``counts`` (report counts over equal buckets of
-    ``[-b, 1 + b]``, unit scale) may replace ``reports``.
+    ``[-b, 1 + b]``, unit scale) may replace ``reports``. SW-W skips a cut point whose tail the reports show at
+    ``guard`` standard errors (:func:`shown_tail`; ``None``: the paper's SW-W, which cuts at the first point).
 
     >>> from operators.local.square_wave import square_wave_report
     >>> from operators.noise import Domain, KeyedGenerator
@@ -161,11 +158,19 @@ def threshold_from_reports(
         raise ValueError(msg)
     b, _, _ = square_wave_parameters(threshold_epsilon, b)
     if counts is None:
-        y = as_float_array(reports, "reports") / float(bound)
-        est = estimate_density(y, threshold_epsilon, buckets=buckets, report_buckets=report_buckets, b=b, prune=prune,
-                               prune_level=prune_level)
+        counts = square_wave_histogram(as_float_array(reports, "reports") / float(bound), b, report_buckets)
+    counts = np.asarray(counts)
+    density, iterations = square_wave_em(counts, threshold_epsilon, buckets, b)
+    cut = None
+    if prune:
+        shown = None if guard is None else shown_tail(counts, threshold_epsilon, buckets, b, guard)
+
+        def keep(w: int) -> bool:
+            return (w + 1) > cut_within * buckets or (shown is not None and shown(w))
+
+        density, cut = sww_prune(density, level=prune_level, keep=keep)
     else:
-        est = estimate_density(None, threshold_epsilon, buckets=buckets, b=b, prune=prune, counts=counts,
-                               prune_level=prune_level)
+        density = density / density.sum()
+    est = DensityEstimate(density=density, iterations=iterations, cut=cut)
     theta = optimal_threshold(est.density, bound, epsilon, query_range)
     return ThresholdEstimate(theta=theta, estimate=est)

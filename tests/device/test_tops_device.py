@@ -341,10 +341,10 @@ def test_a_device_fed_from_a_file_spends_only_on_reports_the_daemon_uses(mosquit
         daemon.kill()
         releases.close()
         controls.close()
-    # the control messages said what each round takes: rounds end after 13, 25 and 100 reports (refine's 1/8, 1/4)
+    # the control messages said what each round takes: rounds end after 13, 25, 38 and 100 reports (1/8, 1/4, 3/8)
     said = [json.loads(p) for _, p in controls.lines]
     assert said[0]["phase"] == "threshold" and (said[0]["received"], said[0]["take"]) == (0, 13)
-    assert {c["received"] + c["take"] for c in said if c["phase"] == "threshold"} == {13, 25, 100}
+    assert {c["received"] + c["take"] for c in said if c["phase"] == "threshold"} == {13, 25, 38, 100}
     assert said[-1]["phase"] == "stream"
     assert m.get("tops_readings_total{result=invalid}", 0) == 0
     assert "stale report" not in daemon.stderr()

@@ -1,5 +1,5 @@
-"""The coarse-then-fine threshold phase of local mode: when the public bound dwarfs the data, a quarter of
-the holdout finds the scale and the rest reports Square Wave over [0, U].
+"""The threshold phase of local mode in rounds: when the public bound dwarfs the data, the first rounds find the
+data's scale and the rest reports Square Wave over [0, U].
 
 Each test can fail: the device refuses a domain above its pinned bound; replay and the daemon's server half pick the
 same theta from the same reports; where there is no second round nothing changes, bit for bit; where there is one,
