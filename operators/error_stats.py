@@ -76,13 +76,14 @@ def measure_rows(values: np.ndarray, keys: np.ndarray, *, thetas: list[int], bou
     t = np.minimum(values, thetas_arr[:, None])
     spread, measured = noisy_spread_table(t.sum(axis=1), (t * t).sum(axis=1), keys, theta_units=thetas_arr,
                                           epsilon=eps_s)
-    # the layout of _pack: [4, the spread's 4 numbers] or [0], then the truncation statistic
-    table = np.zeros((len(thetas_arr), 5 + trunc.shape[1]), dtype="<f8")
-    table[:, 0] = 4.0
-    table[:, 1:5] = spread  # zeros where not measured: such a row starts at its column 4, [0]
-    table[:, 5:] = trunc
-    starts = np.where(measured, 0, 4).tolist()
-    ends = (5 + sizes).tolist()
+    # the layout of _pack: [w, the spread's w numbers] or [0], then the truncation statistic
+    w = spread.shape[1]
+    table = np.zeros((len(thetas_arr), 1 + w + trunc.shape[1]), dtype="<f8")
+    table[:, 0] = w
+    table[:, 1:1 + w] = spread  # zeros where not measured: such a row starts at its column w, [0]
+    table[:, 1 + w:] = trunc
+    starts = np.where(measured, 0, w).tolist()
+    ends = (1 + w + sizes).tolist()
     return [table[i, a:b].tobytes() for i, (a, b) in enumerate(zip(starts, ends, strict=True))]
 
 

@@ -47,7 +47,7 @@ import numpy as np
 
 from operators.noise import Domain, KeyedGenerator, shared_laplace
 
-__all__ = ["MAX_WIDTHS", "SPREAD_SHARE", "Spread", "measured_widths", "noisy_spread", "noisy_spread_rows",
+__all__ = ["MAX_WIDTHS", "SPREAD_SHARE", "Spread", "measured_widths", "noisy_spread",
            "noisy_spread_table", "spread_status", "truncated_moments"]
 
 SPREAD_SHARE = 0.12  # of the threshold budget eps_T
@@ -104,19 +104,12 @@ def noisy_spread(moments: tuple[int, int], blocks: Any, *, theta_units: int, lea
     return out
 
 
-def noisy_spread_rows(sums: np.ndarray, squares: np.ndarray, keys: np.ndarray, *, theta_units: list[int],
-                      epsilon: float) -> list[list[float] | None]:
-    """:func:`noisy_spread` without block widths for many streams (their exact sums and sums of squares, their key
-    rows, their thetas): the same numbers, each draw made for all at once."""
-    table, measured = noisy_spread_table(sums, squares, keys, theta_units=theta_units, epsilon=epsilon)
-    rows = table.tolist()
-    return [rows[i] if ok else None for i, ok in enumerate(measured.tolist())]
-
-
 def noisy_spread_table(sums: np.ndarray, squares: np.ndarray, keys: np.ndarray, *, theta_units: list[int] | np.ndarray,
                        epsilon: float) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`noisy_spread_rows` as one float64 table, a row ``[sum, its variance, squares, their variance]`` per
-    stream, and the mask of the streams measured (the others' rows are zeros)."""
+    """:func:`noisy_spread` without block widths for many streams (their exact sums and sums of squares, their key
+    rows, their thetas), each draw made for all at once: one float64 table, a row ``[sum, its variance, squares,
+    their variance]`` per stream (the same numbers), and the mask of the streams measured (the others' rows are
+    zeros)."""
     from operators.noise import KeyRows, discrete_laplace_one_many
 
     e1, e2 = epsilon / 8.0, 3.0 * epsilon / 8.0

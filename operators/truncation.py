@@ -65,7 +65,6 @@ __all__ = [
     "excess_counts",
     "excess_edges",
     "noisy_statistic",
-    "noisy_statistics",
     "noisy_statistics_table",
     "truncation_status",
 ]
@@ -157,24 +156,13 @@ def noisy_statistic(counts: np.ndarray, total: int, gen: KeyedGenerator, epsilon
     return pack_statistic(total + z, np.asarray(counts, dtype=np.int64) + noise)
 
 
-def noisy_statistics(stats: list[tuple[np.ndarray, int]], keys: np.ndarray, epsilon: float,
-                     tops: list[int], holdout: int) -> list[bytes]:
-    """:func:`noisy_statistic` of many streams (stream ``i``'s exact counts and sum ``stats[i]``, its key row
-    ``keys[i]``, its ``tops[i]``): the same values, each draw made for all streams at once (many holdouts ending in
-    one processing step)."""
-    nbins = np.array([len(c) for c, _ in stats], dtype=np.int64)
-    counts = np.zeros((len(stats), int(nbins.max(initial=0))), dtype=np.int64)
-    for i, (c, _) in enumerate(stats):
-        counts[i, :len(c)] = c
-    table, sizes = noisy_statistics_table(counts, nbins, [t for _, t in stats], keys, epsilon, tops, holdout)
-    return [table[i, :size].astype("<f8").tobytes() for i, size in enumerate(sizes.tolist())]
-
-
 def noisy_statistics_table(counts: np.ndarray, nbins: np.ndarray, totals: Any, keys: np.ndarray, epsilon: float,
                            tops: Any, holdout: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`noisy_statistics` as one float64 table: row ``i`` starts with stream ``i``'s ``sizes[i]`` numbers as
-    :func:`pack_statistic` keeps them (the noisy sum, then its noisy counts; 0 numbers when nothing is measured).
-    ``counts[i, :nbins[i]]``: its exact counts; ``totals[i]``: its exact excess sum."""
+    """:func:`noisy_statistic` of many streams (stream ``i``'s exact counts ``counts[i, :nbins[i]]`` and excess sum
+    ``totals[i]``, its key row ``keys[i]``, its ``tops[i]``), each draw made for all streams at once (many holdouts
+    ending in one processing step): one float64 table whose row ``i`` starts with stream ``i``'s ``sizes[i]`` numbers
+    as :func:`pack_statistic` keeps them (the noisy sum, then its noisy counts; 0 numbers when nothing is
+    measured)."""
     from operators.noise import KeyRows, discrete_laplace_one_many
 
     domain = int(Domain.TRUNCATION) << 16

@@ -302,14 +302,16 @@ def estimate_density(
     prune: bool = True,
     counts: Any = None,
     prune_level: float = PRUNE_LEVEL,
+    keep: Callable[[int], bool] | None = None,
 ) -> DensityEstimate:
     """The SW(-W) density over ``buckets`` buckets of ``[0, 1]`` from unit-scale reports ``y`` (or their
-    ``counts`` over ``report_buckets`` report buckets, default ``buckets``): histogram, EM, SW-W pruning."""
+    ``counts`` over ``report_buckets`` report buckets, default ``buckets``): histogram, EM, SW-W pruning (``keep``:
+    the cut points SW-W skips, :func:`sww_prune`)."""
     b, _, _ = square_wave_parameters(epsilon, b)
     report_buckets = buckets if report_buckets is None else report_buckets
     hist = square_wave_histogram(y, b, report_buckets) if counts is None else np.asarray(counts)
     density, iterations = square_wave_em(hist, epsilon, buckets, b)
     cut = None
     if prune:
-        density, cut = sww_prune(density, level=prune_level)
+        density, cut = sww_prune(density, level=prune_level, keep=keep)
     return DensityEstimate(density=density, iterations=iterations, cut=cut)

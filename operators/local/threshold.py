@@ -37,10 +37,9 @@ from operators.local.hybrid import hybrid_worst_case_variance
 from operators.local.square_wave import (
     PRUNE_LEVEL,
     DensityEstimate,
-    square_wave_em,
+    estimate_density,
     square_wave_histogram,
     square_wave_parameters,
-    sww_prune,
     tail_moment_from_counts,
 )
 
@@ -160,17 +159,12 @@ def threshold_from_reports(
     if counts is None:
         counts = square_wave_histogram(as_float_array(reports, "reports") / float(bound), b, report_buckets)
     counts = np.asarray(counts)
-    density, iterations = square_wave_em(counts, threshold_epsilon, buckets, b)
-    cut = None
-    if prune:
-        shown = None if guard is None else shown_tail(counts, threshold_epsilon, buckets, b, guard)
+    shown = None if guard is None else shown_tail(counts, threshold_epsilon, buckets, b, guard)
 
-        def keep(w: int) -> bool:
-            return (w + 1) > cut_within * buckets or (shown is not None and shown(w))
+    def keep(w: int) -> bool:
+        return (w + 1) > cut_within * buckets or (shown is not None and shown(w))
 
-        density, cut = sww_prune(density, level=prune_level, keep=keep)
-    else:
-        density = density / density.sum()
-    est = DensityEstimate(density=density, iterations=iterations, cut=cut)
+    est = estimate_density(None, threshold_epsilon, buckets=buckets, b=b, prune=prune, counts=counts,
+                           prune_level=prune_level, keep=keep)
     theta = optimal_threshold(est.density, bound, epsilon, query_range)
     return ThresholdEstimate(theta=theta, estimate=est)

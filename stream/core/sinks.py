@@ -122,6 +122,8 @@ def status_line(rec: StreamRecord) -> str | None:
 
 
 def _has_params(op: Any) -> bool:
+    """Whether ``op`` releases numbers whose meaning a status states: a ToPS stream past its holdout (central), or a
+    ToPL stream with its theta (local)."""
     return ((isinstance(op, ToPS | RowOperator) and op.smoother_layers is not None)
             or (isinstance(op, LocalServer) and op.theta is not None))
 
@@ -144,11 +146,11 @@ def _status_json(rec: StreamRecord) -> str:
 def release_params(rec: StreamRecord) -> dict[str, Any] | None:
     """The public parameters of a releasing numeric stream (central ToPS or local ToPL), None for other streams."""
     op = rec.operator
-    if isinstance(op, ToPS | RowOperator) and op.smoother_layers is not None:
-        return central_params(op.config, op.theta_units, op.smoother_layers, rec.error_stats)
-    if isinstance(op, LocalServer) and op.theta is not None:
+    if not _has_params(op):
+        return None
+    if isinstance(op, LocalServer):
         return local_params(op.config)
-    return None
+    return central_params(op.config, op.theta_units, op.smoother_layers, rec.error_stats)
 
 
 def central_params(cfg: ToPSConfig, theta_units: int, s: int, error_stats: bytes | None) -> dict[str, Any]:

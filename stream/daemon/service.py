@@ -541,7 +541,7 @@ class Daemon:
                         recs.append(rec)
                         values.append(value)
                         continue
-                elif (got := first_line_of_new_stream(parts, now, born)) is not None:  # the first line of a new stream
+                elif (got := first_line_of_new_stream(parts, now, born)) is not None:
                     recs.append(got[0])
                     values.append(got[1])
                     continue
@@ -559,7 +559,7 @@ class Daemon:
         self.safe_step()
 
     def first_line_of_new_stream(self, parts: list[bytes], now: float,
-                  born: dict[str, int]) -> tuple[StreamRecord | int, float] | None:
+                                 born: dict[str, int]) -> tuple[StreamRecord | int, float] | None:
         """The ``stream,value`` line (split at its comma) of a stream not yet known: its record, made as
         :meth:`take_line` makes it (or, where new streams are born together, its index in ``born``, the chunk's new
         streams so far: made by :meth:`add_values`), and its value, to be taken with the chunk's other plain lines;
@@ -618,7 +618,7 @@ class Daemon:
         return router.records_new(names, router.holdout_rows(self.cfg.template, keys), identity)
 
     def add_values(self, recs: list[StreamRecord | int], values: list[float], now: float,
-                  born: dict[str, int] | None = None) -> None:
+                   born: dict[str, int] | None = None) -> None:
         """The ``stream,value`` lines of known streams (one reading each), routed together; a line is one message.
         An int in ``recs``: the index of a new stream in ``born`` (:meth:`first_line_of_new_stream`), whose records
         are made first."""

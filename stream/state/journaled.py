@@ -26,7 +26,7 @@ class JournaledIntake:
         self.arrival_time = router.clock is not None and not router.event_time
         self._add = router.add
         self._add_many = router.add_many
-        self._add_plain = router.add_values
+        self._add_values = router.add_values
 
     def add(self, rec: StreamRecord, value: float, ts: float | None, seq: int | None, now: float) -> str:
         """``Router.add``, then the accepted reading goes to the journal (with the time its tick was decided by:
@@ -57,7 +57,7 @@ class JournaledIntake:
     def add_values(self, recs: list[StreamRecord], values: list[float], now: float) -> list[int]:
         """``Router.add_values``, then every reading it accepted goes to the journal, in its order (the readings it
         leaves go through :meth:`add`)."""
-        left = self._add_plain(recs, values, now)
+        left = self._add_values(recs, values, now)
         append, changed = self.journal.append_json, self.changed
         skip = set(left)
         for i, rec in enumerate(recs):
