@@ -172,7 +172,7 @@ def test_query_live_from_the_daemon_topic(mosquitto, tmp_path: Path) -> None:
         wait_for(lambda: any(p.get("tick") == 99 for p in sub.payloads()), 20, what="the release of tick 99")
         query = subprocess.Popen(
             [sys.executable, "-m", "stream.cli", "query", "--host", "127.0.0.1", "--port", str(mosquitto.port),
-             "--stream", "a", "--releases", "300", "--seconds", "60", "--json"],
+             "--stream", "a", "--releases", "300", "--seconds", "60", "--json", "--level", "0.9999"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         assert query.stderr is not None
         assert "listening on" in query.stderr.readline()
@@ -196,6 +196,8 @@ def test_query_live_from_the_daemon_topic(mosquitto, tmp_path: Path) -> None:
                            query_range=p["query_range"], smoother_layers=p["smoother_layers"], start_sd=p["start_sd"])
         assert p["holdout"] == 50 and p["fanout"] == 4 and p["query_range"] == 256
         assert ans["noise_sd"] == pytest.approx(model.stderr(np.arange(50, 350)))
+        # a run's noise is fresh (its identity is random, so the run is not seeded): at 95 % this misses in 1 run of
+        # 20, at 99.99 % only with a bar far too narrow (coverage itself: tests/query/test_coverage.py, seeded)
         assert ans["low"] <= float(values[100:].sum()) <= ans["high"]
         assert "intervals from status" in err
         for key in ("mode", "mechanism", "epsilon", "holdout", "query_range", "fanout", "smoother_layers", "smoother",
@@ -231,12 +233,12 @@ def test_tops_query_on_the_quickstart_output_needs_no_parameter_and_holds_the_tr
     assert res.stderr.startswith("intervals from status (central tops, eps 1, ")
     truth = np.array([json.loads(x)["value"] for x in sim.stdout.splitlines()], dtype=float)
     for extra, lo, hi in [((), 1000, 4999), (("--from", 1000, "--to", 1999), 1000, 1999)]:
-        res = tops("query", src, *extra, "--json", "--level", 0.999)
+        res = tops("query", src, *extra, "--json", "--level", 0.9999)
         assert res.returncode == 0, res.stderr
         ans = json.loads(res.stdout)
         assert ans["low"] <= truth[lo:hi + 1].sum() <= ans["high"], (ans, truth[lo:hi + 1].sum())
         assert not ans["clamped_to_theta"] and ans["truncation_mean"] is not None
-    res = tops("query", src, "--per", 400, "--json", "--level", 0.999)
+    res = tops("query", src, "--per", 400, "--json", "--level", 0.9999)
     windows = [json.loads(x) for x in res.stdout.splitlines() if json.loads(x)["first"] >= 1000]
     held = [w["low"] <= truth[w["first"]:w["last"] + 1].sum() <= w["high"] for w in windows]
     assert len(held) == 10 and all(held), windows
