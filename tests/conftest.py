@@ -4,6 +4,7 @@ ACLs), a three-node NATS JetStream cluster, and the compiled kernels loaded. The
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tests.support import (
     free_port,
     render_nats_conf,
     running_broker,
+    tops,
     wait_jetstream,
 )
 
@@ -28,6 +30,21 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: two workers a core. Most tests wait on a daemon, a broker or a NATS cluster starting, not on the
     CPU; the tests that measure progress under load run one at a time all the same (xdist group "heavy")."""
     return 2 * len(os.sched_getaffinity(0))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist starts its workers
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The kernels a daemon compiles at its first holdout end are compiled once, here, into the checkout's numba cache,
+    before any worker starts. On a fresh clone every test daemon would otherwise compile them itself, several at once,
+    its event loop held for tens of seconds on a loaded machine: a test that waits on progress would see a stall."""
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller has done it
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        readings = tops("simulate", "--streams", "2", "--ticks", "3000").stdout
+        ran = tops("run", "--key-file", Path(tmp) / "master.key", "--data-dir", "", stdin=readings, timeout=600,
+                   env={**os.environ, "TOPS_NOISE_KERNEL": "numba"})
+    if ran.returncode != 0:
+        pytest.exit(f"warming the compiled kernels failed: {ran.stderr.decode(errors='replace')[-2000:]}", 3)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
