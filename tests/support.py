@@ -5,6 +5,7 @@ test module imports another test module."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -105,6 +106,51 @@ class Broker:
             self.proc.terminate()
             self.proc.wait(10)
             self.proc = None
+
+
+class TricklingRelay:
+    """A TCP relay on a free loopback port in front of a broker: what clients send goes through at once; what the
+    broker sends them goes through at full speed, or, while ``trickle`` is set, ``burst`` bytes every ``every``
+    seconds (a broker short of CPU, sending in bursts with the client's socket drained between them)."""
+
+    def __init__(self, target: int, burst: int = 4096, every: float = 0.05) -> None:
+        self.target, self.burst, self.every = target, burst, every
+        self.trickle = threading.Event()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._server.getsockname()[1])
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, downstream: bool) -> None:
+        try:
+            while True:
+                trickling = downstream and self.trickle.is_set()
+                data = src.recv(self.burst if trickling else 1 << 16)
+                if not data:
+                    break
+                dst.sendall(data)
+                if trickling:
+                    time.sleep(self.every)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._closed = True
+        self._server.close()
 
 
 def broker_conf(tmp: Path, port: int, extra: str = "") -> Path:

@@ -106,22 +106,27 @@ def estimate_over(config: ToPLConfig, counts: Any, domain: float) -> ThresholdEs
 
 
 def data_scale(density: Any, domain: float) -> float:
-    """``min(8 m, m + 16 (q75 - q25))`` of a density over equal buckets of ``[0, domain]``, each quantile taken at the
-    upper edge of the bucket holding it: a domain holding the bulk and a tail several times its width.
+    """``min(8 m, m + 16 (q75 - q25))`` of a density over equal buckets of ``[0, domain]``: a domain holding the bulk
+    and a tail several times its width. Each quantile is interpolated linearly inside the bucket holding it (the
+    density taken as uniform within a bucket), so that the scale moves with the estimate instead of jumping by eight
+    buckets when the median crosses a bucket's edge (on integer readings in unit buckets the median sits on an edge).
 
     >>> f = np.zeros(100); f[[1, 2, 3, 4]] = [0.4, 0.35, 0.15, 0.1]      # DNS-like, buckets of 1
-    >>> data_scale(f, 100.0)                                             # 8 x 3 = 24; 3 + 16 x (3 - 2) = 19
-    19.0
+    >>> round(data_scale(f, 100.0), 2)                                   # m = 2 + 0.1/0.35; 8 m
+    18.29
     >>> g = np.zeros(100); g[[54, 55, 56]] = [0.3, 0.4, 0.3]             # narrow, far from 0
-    >>> data_scale(g, 100.0)                                             # 56 + 16 x (57 - 55)
-    88.0
+    >>> round(data_scale(g, 100.0), 2)                                   # 55.5 + 16 x (56.17 - 54.83)
+    76.83
     """
     f = np.asarray(density, dtype=np.float64)
-    cdf = np.cumsum(f / f.sum())
+    f = f / f.sum()
+    cdf = np.cumsum(f)
     width = float(domain) / f.size
 
     def quantile(level: float) -> float:
-        return (min(int(np.searchsorted(cdf, level)), f.size - 1) + 1) * width
+        i = min(int(np.searchsorted(cdf, level)), f.size - 1)
+        inside = float((level - (cdf[i] - f[i])) / f[i]) if f[i] > 0 else 1.0
+        return (i + min(max(inside, 0.0), 1.0)) * width
 
     median = quantile(0.5)
     return min(ZOOM_MEDIANS * median, median + ZOOM_SPREADS * (quantile(0.75) - quantile(0.25)))

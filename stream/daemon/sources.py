@@ -110,10 +110,12 @@ class AckWatchdog:
     broker counts as sent never arrive, for good.
 
     An answer that is late is not a lost one: behind a backlog (a broker without a queue limit holds a flood for
-    minutes) it comes when the daemon has read what is ahead of it. So only time counts during which everything
-    received was read (``counting``: the socket drained, reading not paused by the daemon's own backpressure), and a
-    gap between two looks longer than ``step`` (the loop was busy or blocked) counts as ``step``. While a flood
-    goes on the socket is never drained: the connection is given up once it has ended, ``limit`` seconds later.
+    minutes) it comes when the daemon has read what is ahead of it. So only time counts during which the broker sent
+    nothing and everything received was read (``counting``: nothing read since the last look, the socket drained,
+    reading not paused by the daemon's own backpressure), and a gap between two looks longer than ``step`` (the loop
+    was busy or blocked) counts as ``step``. A broker short of CPU sends its backlog in bursts, with the socket
+    drained between them: those gaps do not count, since it sent something. While a flood goes on the broker sends
+    all the time: the connection is given up once it has ended, ``limit`` seconds later.
 
     >>> w = AckWatchdog(3.0)
     >>> [w.stalled(t, False) for t in (0.0, 0.5, 1.0, 1.5, 2.0, 2.5)], w.stalled(3.0, False)
@@ -627,6 +629,7 @@ class MqttLink:
         watchdog = AckWatchdog(self.ack_timeout)
         probes: deque[asyncio.Future[None]] = deque()
         reads, confirmed = self._reads, self.confirmed
+        looked_at_reads = self._reads  # reader callbacks run by the last look: the broker sent since, or not
         try:
             while True:
                 try:
@@ -639,9 +642,12 @@ class MqttLink:
                 while probes and probes[0].done():
                     probes.popleft().result()  # an error of the probe ends the connection
                     answered = True
+                sent_since = self._reads != looked_at_reads
+                looked_at_reads = self._reads
                 if not (probes or self.inflight):
                     watchdog.idle()
-                elif watchdog.stalled(loop.time(), answered, counting=not answered and self._counting()):
+                elif watchdog.stalled(loop.time(), answered,
+                                      counting=not (answered or sent_since) and self._counting()):
                     awaited = [f"{n} {what}" for n, what in ((len(self.inflight), "messages in flight"),
                                                               (len(probes), "probes")) if n]
                     self._give_up(" and ".join(awaited))

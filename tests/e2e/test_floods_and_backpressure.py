@@ -19,6 +19,7 @@ from tests.support import (
     ROOT,
     DaemonProcess,
     Subscriber,
+    TricklingRelay,
     daemon_config,
     free_port,
     publish,
@@ -103,6 +104,52 @@ def test_qos0_flood_bounded_memory_ticks_flow_and_overload_counted(mosquitto_unb
     finally:
         sub.close()
         daemon.kill()
+    assert "Traceback" not in daemon.stderr()
+
+
+def test_a_broker_short_of_cpu_sending_its_backlog_in_bursts_is_not_given_up(mosquitto_unbounded,
+                                                                            tmp_path: Path) -> None:
+    """A broker short of CPU: after a QoS 0 flood it holds a backlog for the daemon and sends it in small bursts
+    (4 KiB every 50 ms, through a relay), so the daemon finds its socket drained between them. The answers to the
+    daemon's releases and probes come behind that backlog, seconds past `[mqtt] timeout = 2`. The broker keeps
+    sending, so it is not given up: no reconnect (which would throw the backlog away), and once it sends at full
+    speed again every message sent is processed or counted as `overload`."""
+    broker = mosquitto_unbounded
+    relay = TricklingRelay(broker.port)
+    mport = free_port()
+    cfg = daemon_config(tmp_path, relay.port, mport, mqtt={"keepalive": 60, "timeout": 2.0},
+                        input={"qos": 0, "max_queue": 2000},
+                        ticks={"mode": "period", "period": 0.5}, streams={"template": {"theta": 50.0}},
+                        output={"status_topic": ""})
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    try:
+        daemon.wait_connected()
+        publish(broker.port, "meters/tick/reading", ["1"], qos=0)  # a stream releasing every period: in flight
+        wait_for(lambda: daemon.metrics()["tops_releases_total{sink=mqtt}"] >= 1, 20, what="a first release")
+        flood = run_flood(broker.port, 3.0, [f"meters/f{i}/reading" for i in range(4)])
+        out, _ = flood.communicate(timeout=120)
+        sent = json.loads(out)["sent"]
+        relay.trickle.set()
+        deadline = time.monotonic() + 8.0  # eight seconds of bursts, unless the broker is given up before
+        while time.monotonic() < deadline and daemon.metrics()["tops_mqtt_ack_timeouts_total"] == 0:
+            time.sleep(0.5)
+        relay.trickle.clear()
+        m = daemon.metrics()
+        assert m["tops_mqtt_ack_timeouts_total"] == 0 and m["tops_mqtt_reconnects_total"] == 0
+
+        def done() -> float:
+            m = daemon.metrics()
+            return m["tops_messages_total{result=ok}"] + m.get("tops_messages_total{result=overload}", 0.0)
+
+        wait_while_progressing(done, sent + 1, what="flood messages processed or counted")
+        m = daemon.metrics()
+        assert m["tops_mqtt_reconnects_total"] == 0 and m["tops_mqtt_connected"] == 1
+        assert m["tops_messages_total{result=ok}"] + m["tops_messages_total{result=overload}"] == sent + 1
+        assert daemon.stop() == 0
+    finally:
+        relay.trickle.clear()
+        daemon.kill()
+        relay.close()
     assert "Traceback" not in daemon.stderr()
 
 
