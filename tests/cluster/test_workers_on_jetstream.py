@@ -22,6 +22,10 @@ from stream.core.errors import ConfigFileError
 from stream.core.keys import derive_stream_key, load_master_key
 from tests.support import NATS_SERVER, ROOT, TEMPLATE, NatsCluster, free_port, scrape, wait_for, write_toml
 
+# JetStream API requests the tests make themselves, for workers they set up by hand: the meta leader of a loaded
+# cluster (four test processes on two cores) can take longer than a worker's 5 s to create a bucket
+SETUP_API_TIMEOUT = 20.0
+
 
 @pytest.mark.parametrize(("doc", "line"), [
     ({"input": {"source": "nats"}, "ticks": {"mode": "period"}},
@@ -295,7 +299,7 @@ def test_a_worker_that_lost_its_lease_writes_and_publishes_nothing_more(nats_clu
         a, b = ClusterWorker(cfg, master, name="a"), ClusterWorker(cfg, master, name="b")
         for w in (a, b):
             w.nc = await nats.connect(servers=nats_cluster.servers)
-            w.js = w.nc.jetstream(timeout=5.0)
+            w.js = w.nc.jetstream(timeout=SETUP_API_TIMEOUT)
             from stream.cluster.jetstream import ensure
 
             w.kv = await ensure(w.js, w.names)
@@ -384,7 +388,7 @@ def test_a_paused_worker_does_not_publish_what_it_processed_before_losing_its_le
         a, b = ClusterWorker(cfg, master, name="a"), ClusterWorker(cfg, master, name="b")
         for w in (a, b):
             w.nc = await nats.connect(servers=nats_cluster.servers)
-            w.js = w.nc.jetstream(timeout=5.0)
+            w.js = w.nc.jetstream(timeout=SETUP_API_TIMEOUT)
             w.kv = await ensure(w.js, w.names)
             await w._identity()
         pjs = a.nc.jetstream()
@@ -431,7 +435,7 @@ async def _joined(cfg: Any, master: bytes, cluster: NatsCluster) -> Any:
 
     w = ClusterWorker(cfg, master, name="a")
     w.nc = await nats.connect(servers=cluster.servers)
-    w.js = w.nc.jetstream(timeout=5.0)
+    w.js = w.nc.jetstream(timeout=SETUP_API_TIMEOUT)
     w.kv = await ensure(w.js, w.names)
     await w._identity()
     return w
@@ -757,7 +761,7 @@ def test_two_workers_with_different_keys_starting_together_on_an_empty_cluster_l
             pair = [ClusterWorker(cfg, k, name=f"w{i}") for i, k in enumerate(keys)]
             for w in pair:
                 w.nc = await nats.connect(servers=nats_cluster.servers)
-                w.js = w.nc.jetstream(timeout=5.0)
+                w.js = w.nc.jetstream(timeout=SETUP_API_TIMEOUT)
             await ensure(pair[0].js, pair[0].names)  # empty buckets (made together, they take election rounds)
             done = await asyncio.gather(*(w._join() for w in pair), return_exceptions=True)
             outcomes.append(["refused" if isinstance(x, WorkerError) else "joined" if x is True else repr(x)
