@@ -54,6 +54,17 @@ def run_flood(port: int, seconds: float, topics: list[str], rate: float = 0.0) -
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE)
 
 
+def wait_until_processed_or_counted(daemon: DaemonProcess, messages: int) -> None:
+    """Wait while the daemon works through a flood the broker holds, until ``messages`` are processed or counted as
+    `overload`; fails if that count stops moving (:func:`tests.support.wait_while_progressing`)."""
+
+    def done() -> float:
+        m = daemon.metrics()
+        return m["tops_messages_total{result=ok}"] + m.get("tops_messages_total{result=overload}", 0.0)
+
+    wait_while_progressing(done, messages, what="flood messages processed or counted")
+
+
 def test_qos0_flood_bounded_memory_ticks_flow_and_overload_counted(mosquitto_unbounded, tmp_path: Path) -> None:
     """An 8 s QoS 0 flood at the publisher's maximum rate against a daemon with a small incoming queue: period
     releases keep coming during the flood, the connection survives (keepalive 5 s; the broker's answers come
@@ -81,13 +92,8 @@ def test_qos0_flood_bounded_memory_ticks_flow_and_overload_counted(mosquitto_unb
         t1 = time.time()
         arrived = sub.payloads()  # releases that reached the consumer by the end of the flood
         sent = json.loads(out)["sent"]
-
-        def done() -> float:
-            m = daemon.metrics()
-            return m["tops_messages_total{result=ok}"] + m.get("tops_messages_total{result=overload}", 0.0)
-
         # the broker holds what the daemon has not read yet: draining it takes as long as the machine is busy
-        wait_while_progressing(done, sent + 1, what="flood messages processed or counted")
+        wait_until_processed_or_counted(daemon, sent + 1)
         m = daemon.metrics()
         hwm = vm(daemon.proc.pid, "VmHWM")
         during = [p for p in arrived if p.get("stream") == "tick" and t0 + 1 <= p["ts"] <= t1]
@@ -136,12 +142,7 @@ def test_a_broker_short_of_cpu_sending_its_backlog_in_bursts_is_not_given_up(mos
         relay.trickle.clear()
         m = daemon.metrics()
         assert m["tops_mqtt_ack_timeouts_total"] == 0 and m["tops_mqtt_reconnects_total"] == 0
-
-        def done() -> float:
-            m = daemon.metrics()
-            return m["tops_messages_total{result=ok}"] + m.get("tops_messages_total{result=overload}", 0.0)
-
-        wait_while_progressing(done, sent + 1, what="flood messages processed or counted")
+        wait_until_processed_or_counted(daemon, sent + 1)
         m = daemon.metrics()
         assert m["tops_mqtt_reconnects_total"] == 0 and m["tops_mqtt_connected"] == 1
         assert m["tops_messages_total{result=ok}"] + m["tops_messages_total{result=overload}"] == sent + 1
