@@ -6,6 +6,10 @@ reads its own bit sequence MSB first, in the same order, so both give the same s
 it). The numpy version pays a fixed set-up per array operation, whatever the array's size; this kernel
 pays nothing per operation, which matters for the many small draws of the hierarchy's walk. It is
 compiled (``cache=True``) when a process first draws noise often; importing numba takes a noticeable part of a second.
+
+Constants a compiled function passes to another are typed values (``np.int64(0)``, ``np.bool_(True)``), not bare
+literals: numba compiles the callee once more for each literal value, and a fresh install's first compile (a
+daemon's first holdout end) would take that much longer (a test counts the specializations).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ def _bernoulli(words, base, nbits, cur, n, d):
     r = np.uint64(n)
     dd = np.uint64(d)
     while True:
-        rand, cur = _take(words, base, nbits, cur, _CHUNK)
+        rand, cur = _take(words, base, nbits, cur, np.int64(_CHUNK))
         if cur < 0:
             return False, -1
         num = r << np.uint64(_CHUNK)
@@ -59,11 +63,11 @@ def _bernoulli_exp(words, base, nbits, cur, u, has_u, m):
     one = np.uint64(1) << np.uint64(m)
     while True:
         if not has_u:
-            a, cur = _bernoulli(words, base, nbits, cur, 1, k)
+            a, cur = _bernoulli(words, base, nbits, cur, np.uint64(1), np.uint64(k))
         elif k == 1:
             a, cur = _bernoulli(words, base, nbits, cur, u, one)
         else:
-            a, cur = _bernoulli(words, base, nbits, cur, 1, k)
+            a, cur = _bernoulli(words, base, nbits, cur, np.uint64(1), np.uint64(k))
             if a and cur >= 0:
                 a, cur = _bernoulli(words, base, nbits, cur, u, one)
         if cur < 0:
@@ -84,13 +88,13 @@ def _geometric(words, base, nbits, cur, m, s, q, r):
         while True:
             ok = True
             for _ in range(whole):
-                ok, cur = _bernoulli_exp(words, base, nbits, cur, np.uint64(0), False, m)
+                ok, cur = _bernoulli_exp(words, base, nbits, cur, np.uint64(0), np.bool_(False), m)
                 if cur < 0:
                     return 0, -1
                 if not ok:
                     break
             if ok and frac:
-                ok, cur = _bernoulli_exp(words, base, nbits, cur, frac, True, m)
+                ok, cur = _bernoulli_exp(words, base, nbits, cur, frac, np.bool_(True), m)
                 if cur < 0:
                     return 0, -1
             if not ok:
@@ -103,7 +107,7 @@ def _geometric(words, base, nbits, cur, m, s, q, r):
         u, cur = _take(words, base, nbits, cur, m)
         if cur < 0:
             return 0, -1
-        d, cur = _bernoulli_exp(words, base, nbits, cur, u, True, m)
+        d, cur = _bernoulli_exp(words, base, nbits, cur, u, np.bool_(True), m)
         if cur < 0:
             return 0, -1
         if d:
@@ -111,7 +115,7 @@ def _geometric(words, base, nbits, cur, m, s, q, r):
             break
     v = 0
     while True:
-        b, cur = _bernoulli_exp(words, base, nbits, cur, np.uint64(0), False, m)
+        b, cur = _bernoulli_exp(words, base, nbits, cur, np.uint64(0), np.bool_(False), m)
         if cur < 0:
             return 0, -1
         if not b:
@@ -132,9 +136,9 @@ def sample(words, per, m, s, q, r, out, ovf):
     nbits = 64 * per
     for i in range(out.size):
         base = i * (per + 1)
-        cur = 0
+        cur = np.int64(0)
         while True:
-            sign, cur = _take(words, base, nbits, cur, 1)
+            sign, cur = _take(words, base, nbits, cur, np.int64(1))
             if cur < 0:
                 ovf[i] = True
                 break
@@ -158,10 +162,10 @@ def sample_one(key_words, block, n0, n1, n2, m, s, q, r):
     when its 512 bits ran out (or the value left the int64 range) and the general path must draw it. A holdout's
     choice and a stream's first draws make such single draws: one call instead of three."""
     padded = np.zeros(9, dtype=np.uint64)  # the block, then one zero word, as operators.noise._Bits pads
-    padded[:8] = keystream(key_words, block, n0, n1, n2, 1)
+    padded[:8] = keystream(key_words, block, n0, n1, n2, np.int64(1))
     out = np.zeros(1, dtype=np.int64)
     ovf = np.zeros(1, dtype=np.bool_)
-    if sample(padded, 8, m, s, q, r, out, ovf) and not ovf[0]:
+    if sample(padded, np.int64(8), m, s, q, r, out, ovf) and not ovf[0]:
         return out[0], True
     return 0, False
 

@@ -23,6 +23,10 @@ shifts are not known (new, restored, made from an operator) enters every ancesto
 Only the top node over the next leaf is regenerated, not the whole tree: each top node's ``z`` depends on its own
 subtree only. Consecutive nodes of a layer (a subtree's leaves) are drawn in runs: 16 ChaCha20 blocks computed side by
 side, then the sampler over the run.
+
+Constants a compiled function passes to another are typed values (``np.int64(0)``, ``np.bool_(True)``), not bare
+literals: numba compiles the callee once more for each literal value, and a fresh install's first compile (a
+daemon's first holdout end) would take that much longer (a test counts the specializations).
 """
 
 from __future__ import annotations
@@ -156,7 +160,7 @@ def _derived_key(kw, n0, n1, n2):  # pragma: no cover - compiled
     """The first 32 bytes of block 0 of the keystream of (``kw``, ``n0 n1 n2``), as 8 key words: how
     :meth:`operators.noise.KeyedGenerator._overflow_samples` derives its overflow keys."""
     block = np.empty(8, dtype=np.uint64)
-    chacha_block(kw, 0, n0, n1, n2, block, 0)
+    chacha_block(kw, np.int64(0), n0, n1, n2, block, np.int64(0))
     out = np.empty(8, dtype=np.uint64)
     for i in range(4):
         out[2 * i] = block[i] & _M
@@ -170,7 +174,7 @@ def _overflowed(kw, domain, address, index, main, m, s, q, r):  # pragma: no cov
     followed by its own overflow keystream (``k_o = ChaCha20(k, 0xFFFFFFFF, 0)[:32]``, ``k_da = ChaCha20(k_o, domain,
     address)[:32]``, blocks ``0 ..`` of ``(k_da, domain 0, address index)``), 8 blocks, then 32, 128, ... until it
     fits: ``(value, status)``."""
-    k_o = _derived_key(kw, _OVERFLOW_DOMAIN, 0, 0)
+    k_o = _derived_key(kw, np.int64(_OVERFLOW_DOMAIN), np.int64(0), np.int64(0))
     k_da = _derived_key(k_o, domain, address & 0xFFFFFFFF, address >> 32)
     res = np.zeros(1, dtype=np.int64)
     ovf = np.zeros(1, dtype=np.bool_)
@@ -180,7 +184,7 @@ def _overflowed(kw, domain, address, index, main, m, s, q, r):  # pragma: no cov
         seq = np.zeros(per + 1, dtype=np.uint64)  # the words, then one zero word (operators.noise._Bits pads so)
         seq[:8] = main
         for k in range(blocks):
-            chacha_block(k_da, k, 0, index & 0xFFFFFFFF, index >> 32, seq, 8 + 8 * k)
+            chacha_block(k_da, k, np.int64(0), index & 0xFFFFFFFF, index >> 32, seq, 8 + 8 * k)
         ovf[0] = False
         if not sample(seq, per, m, s, q, r, res, ovf):
             return 0, BEYOND_INT64
@@ -195,10 +199,10 @@ def node_noise(kw, layer, tree, index, m, s, q, r, buf, res, ovf):  # pragma: no
     tree)`` of the discrete Laplace ``(m, s, q, r)``, as :meth:`operators.noise.KeyedGenerator.discrete_laplace` draws
     it: ``(value, status)``. ``buf`` (9 words), ``res`` and ``ovf`` (1 each) are scratch."""
     domain = _HIERARCHY | layer
-    chacha_block(kw, index, domain, tree & 0xFFFFFFFF, tree >> 32, buf, 0)
+    chacha_block(kw, index, domain, tree & 0xFFFFFFFF, tree >> 32, buf, np.int64(0))
     buf[8] = 0
     ovf[0] = False
-    if not sample(buf, 8, m, s, q, r, res, ovf):
+    if not sample(buf, np.int64(8), m, s, q, r, res, ovf):
         return 0, BEYOND_INT64
     if not ovf[0]:
         return res[0], OK
@@ -214,7 +218,7 @@ def node_noise_run(kw, layer, tree, first, count, m, s, q, r, vals, ws):  # prag
     chacha_blocks(kw, first, domain, tree & 0xFFFFFFFF, tree >> 32, count, words, x, init)
     for k in range(count):
         ovf[k] = False
-    if not sample(words, 8, m, s, q, r, vals[:count], ovf[:count]):
+    if not sample(words, np.int64(8), m, s, q, r, vals[:count], ovf[:count]):
         return BEYOND_INT64
     for k in range(count):
         if ovf[k]:
@@ -246,7 +250,7 @@ def children_sum(kw, tree, j, i, b, pw, weights, m, s, q, r, acc, cnt, ws):  # p
     lo = i * pw[j]
     for c0 in range(0, pw[j], _RUN):
         count = min(_RUN, pw[j] - c0)
-        st = node_noise_run(kw, 0, tree, lo + c0, count, m, s, q, r, vals, ws)
+        st = node_noise_run(kw, np.int64(0), tree, lo + c0, count, m, s, q, r, vals, ws)
         if st != OK:
             return 0.0, st
         for e in range(count):
@@ -254,7 +258,7 @@ def children_sum(kw, tree, j, i, b, pw, weights, m, s, q, r, acc, cnt, ws):  # p
             z = np.float64(vals[e])
             if j == 1:
                 leaves[x - lo] = z
-            k = 1
+            k = np.int64(1)
             while True:
                 if cnt[k] == 0:
                     acc[k] = z
@@ -304,7 +308,7 @@ def fill_row(kw, noise, have, g, known, b, L, per_tree, pw, weights, shift, m, s
     for slot in range(have, noise.size):
         tree, leaf = g // per_tree, g % per_tree
         if L == 1:  # the leaves are the top nodes: c = z = N
-            v, st = node_noise(kw, 0, tree, leaf, m, s, q, r, buf, res, ovf)
+            v, st = node_noise(kw, np.int64(0), tree, leaf, m, s, q, r, buf, res, ovf)
             if st != OK:
                 return g, st
             c = np.float64(v)
@@ -328,7 +332,7 @@ def fill_row(kw, noise, have, g, known, b, L, per_tree, pw, weights, shift, m, s
                 want = min(b - first, noise.size - slot)
                 for c0 in range(0, want, _RUN):
                     count = min(_RUN, want - c0)
-                    st = node_noise_run(kw, 0, tree, leaf + c0, count, m, s, q, r, vals, ws)
+                    st = node_noise_run(kw, np.int64(0), tree, leaf + c0, count, m, s, q, r, vals, ws)
                     if st != OK:
                         return g, st
                     for e in range(count):

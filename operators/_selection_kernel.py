@@ -18,6 +18,10 @@ A small holdout touches few cells (holdout 3: at most three of 5,001), and its h
 two occupied cells, where ``u`` can only fall (``base`` grows with theta and every IEEE operation on the way is
 monotone, the floor too), so the largest quantized score is at a run's first candidate, and a score is computed only
 for the candidates the walk visits (a few where the scores are close for the noise, as at holdout 3).
+
+Constants a compiled function passes to another are typed values (``np.int64(0)``, ``np.bool_(True)``), not bare
+literals: numba compiles the callee once more for each literal value, and a fresh install's first compile (a
+daemon's first holdout end) would take that much longer (a test counts the specializations).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ def _bernoulli(words, nbits, cur, n, d):
     out (one value, not a pair: inlined, the comparison costs a few nanoseconds instead of a call's tens)."""
     r = np.uint64(n)
     while True:
-        rand, cur = _take(words, 0, nbits, cur, 8)
+        rand, cur = _take(words, np.int64(0), nbits, cur, np.int64(8))
         if cur < 0:
             return np.int64(-1)
         num = r << np.uint64(8)
@@ -72,7 +76,7 @@ def _accepts(words, nbits, cur, gap, shift):
     for _ in range(whole):  # Bernoulli(exp(-1)): K = 2, 3, ... while Bernoulli(1 / K)
         k = 2
         while True:
-            c = _bernoulli(words, nbits, cur, 1, np.uint64(k))
+            c = _bernoulli(words, nbits, cur, np.int64(1), np.uint64(k))
             if c < 0:
                 return False, -1
             cur = c >> 1
@@ -86,7 +90,7 @@ def _accepts(words, nbits, cur, gap, shift):
     k = 1  # Bernoulli(exp(-frac / 2^shift)): K = 1, 2, ... while Bernoulli(1 / K) and Bernoulli(frac / 2^shift)
     while True:
         if k > 1:
-            c = _bernoulli(words, nbits, cur, 1, np.uint64(k))
+            c = _bernoulli(words, nbits, cur, np.int64(1), np.uint64(k))
             if c < 0:
                 return False, -1
             cur = c >> 1
@@ -115,7 +119,7 @@ def _walk(words, n, shift, gaps, cells, suffix, base, scale, top):
     (``suffix``: the values in cell j and up): the index, or -1 when ``words`` were not enough."""
     padded = _padded(words)
     nbits = 64 * words.size
-    cur = 0
+    cur = np.int64(0)
     moved_at = np.empty(_FEW_MOVED, dtype=np.int64)  # the shuffle's positions that do not hold their own candidate
     moved_to = np.empty(_FEW_MOVED, dtype=np.int64)  # and the candidate each holds (a few, searched through)
     moved = 0  # how many; -1 once the whole order is kept in ``order``
@@ -131,7 +135,7 @@ def _walk(words, n, shift, gaps, cells, suffix, base, scale, top):
         r = 0
         if left > 1:
             while True:
-                v, cur = _take(padded, 0, nbits, cur, bits)
+                v, cur = _take(padded, np.int64(0), nbits, cur, bits)
                 if cur < 0:
                     return -1
                 if v < np.uint64(left):
@@ -179,7 +183,7 @@ def gaps_permute_and_flip(words, gaps, shift):
     """:func:`operators.permute_and_flip.flip_walk` on the gaps ``Q* - Q_r``: the index, or -1 when ``words`` (the
     keystream's first words) were not enough."""
     none = np.zeros(0, dtype=np.int64)
-    return _walk(words, gaps.size, shift, gaps, none, none, np.zeros(0), 0.0, 0)
+    return _walk(words, gaps.size, shift, gaps, none, none, np.zeros(0), np.float64(0.0), np.int64(0))
 
 
 @numba.njit(cache=True, nogil=True)
