@@ -230,6 +230,31 @@ def node_noise_run(kw, layer, tree, first, count, m, s, q, r, vals, ws):  # prag
 
 
 @numba.njit(cache=True, nogil=True)
+def samples(kw, domain, address, first, count, m, s, q, r):  # pragma: no cover - compiled
+    """Samples ``first .. first + count - 1`` of ``(domain, address)`` of the discrete Laplace ``(m, s, q, r)``, as
+    :meth:`operators.noise.KeyedGenerator.discrete_laplace` draws them, in runs of blocks made side by side:
+    ``(values, status)``. A walk's many small draws (a few nodes of a layer at a time) each cost one call."""
+    out = np.zeros(count, dtype=np.int64)
+    ws = scratch(np.int64(1))
+    words, ovf, x, init, vals = ws[3], ws[4], ws[5], ws[6], ws[7]
+    for c0 in range(0, count, _RUN):
+        c = min(_RUN, count - c0)
+        chacha_blocks(kw, first + c0, domain, address & 0xFFFFFFFF, address >> 32, c, words, x, init)
+        for k in range(c):
+            ovf[k] = False
+        if not sample(words, np.int64(8), m, s, q, r, vals[:c], ovf[:c]):
+            return out, BEYOND_INT64
+        for k in range(c):
+            if ovf[k]:
+                v, st = _overflowed(kw, domain, address, first + c0 + k, words[9 * k : 9 * k + 8].copy(), m, s, q, r)
+                if st != OK:
+                    return out, st
+                vals[k] = v
+        out[c0 : c0 + c] = vals[:c]
+    return out, OK
+
+
+@numba.njit(cache=True, nogil=True)
 def scratch(fanout):  # pragma: no cover - compiled
     """The work arrays of a refill: one sample's block, its value and overflow mark (:func:`node_noise`), a run's
     blocks, marks, lanes and values (:func:`node_noise_run`), and ``fanout`` leaves' ``z``."""

@@ -377,7 +377,8 @@ def _sample(bits: _Bits, n: int, dl: DiscreteLaplace) -> np.ndarray:
 # forces one of them (tests compare both).
 _COMPILE_AFTER = 32
 _COMPILE_AT_ONCE = 1 << 16  # one draw this large pays for loading the compiled kernel
-_kernel_state: dict[str, object] = {"calls": 0, "sample": None, "chacha": None, "one": None}
+_kernel_state: dict[str, object] = {"calls": 0, "sample": None, "chacha": None, "one": None, "run": None}
+_COMPILED_RUN_AT_MOST = 1 << 12  # draws up to this size go through one compiled call (keystream and sampler)
 
 
 def _kernel(n: int = 0):
@@ -392,8 +393,9 @@ def _kernel(n: int = 0):
         if forced == "numba" or int(st["calls"]) > _COMPILE_AFTER or n >= _COMPILE_AT_ONCE:
             from operators._chacha_kernel import keystream
             from operators._dlap_kernel import sample, sample_one
+            from operators._refill_kernel import samples
 
-            st["sample"], st["chacha"], st["one"] = sample, keystream, sample_one
+            st["sample"], st["chacha"], st["one"], st["run"] = sample, keystream, sample_one, samples
     return st["sample"]
 
 
@@ -537,6 +539,17 @@ class KeyedGenerator:
             raise TypeError(msg)
         if count <= 0:
             return np.empty(0, dtype=np.int64)
+        run = _kernel_state["run"]
+        if run is not None and not _budget and count <= _COMPILED_RUN_AT_MOST:
+            if (0 <= start and start + count <= _MAX_BLOCKS and 0 <= domain < _OVERFLOW_DOMAIN
+                    and 0 <= address < 1 << 63):  # the compiled call takes the address as an int64
+                # one compiled call: sample i's keystream block i, the sampler, its overflow keystream if needed
+                values, status = run(self.key_words(), int(domain), int(address), int(start), int(count),  # type: ignore[operator]
+                                     noise.log2_t, noise.s, noise.q, noise.r)
+                if status != 0:
+                    msg = "discrete Laplace sample beyond the int64 range"
+                    raise OverflowError(msg)
+                return values
         per = _budget or _BUDGET_WORDS
         out = np.empty(count, dtype=np.int64)
         for c0 in range(0, count, _SAMPLES_PER_CALL):

@@ -155,13 +155,18 @@ for eps, sens in [(0.5, 1), (1 / 3, 3), (0.1, 20), (40.0, 1), (1e-3, 1e6)]:
     out.append(g.discrete_laplace(7, 3, 0, 4000, dl))
     out.append(np.concatenate([g.discrete_laplace(7, 5, i * 8, 8, dl) for i in range(50)]))
     out.append(g.discrete_laplace(7, 9, 0, 500, dl, _budget=1))  # the overflow path
+# a scale whose samples now and then need more than their 512 bits: their own overflow keystream, in either path
+out.append(g.discrete_laplace(7, 11, 2**31, 3000, DiscreteLaplace(1e-3, 6.8e7)))
 np.save(sys.argv[1], np.concatenate(out))
+from operators import noise
+print("compiled run" if noise._kernel_state["run"] is not None else "numpy", file=sys.stderr)
 """
 
 
 def test_compiled_and_numpy_samplers_draw_the_same_samples(tmp_path) -> None:
-    """The compiled kernel (loaded once a process draws often) and the numpy version read the same bits in the same
-    order: the same samples, bit for bit, in every regime (small and large scales, the slow geometric, overflow)."""
+    """The compiled kernels (loaded once a process draws often; a draw of up to 4,096 samples is then one compiled
+    call, keystream and sampler) and the numpy version read the same bits in the same order: the same samples, bit
+    for bit, in every regime (small and large scales, the slow geometric, overflow)."""
     import subprocess
     import sys
 
@@ -171,6 +176,7 @@ def test_compiled_and_numpy_samplers_draw_the_same_samples(tmp_path) -> None:
         r = subprocess.run([sys.executable, "-c", _BOTH, str(out)], env={**os.environ, "TOPS_NOISE_KERNEL": kind},
                            capture_output=True, text=True, timeout=300, check=False)
         assert r.returncode == 0, r.stderr
+        assert r.stderr.strip().endswith("compiled run" if kind == "numba" else "numpy")
         runs[kind] = np.load(out)
     assert runs["numpy"].size > 20_000 and np.array_equal(runs["numpy"], runs["numba"])
 
