@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import math
 import random
 import socket
 import ssl
-import struct
-import termios
-import threading
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -33,60 +29,17 @@ from stream.core.errors import PayloadError
 from stream.core.metrics import Metrics
 from stream.core.payload import check_stream_name
 from stream.core.sinks import PublishQueue
+from stream.daemon.mqtt_paho import PahoSession, ReadAheadSocket, published
 
 if TYPE_CHECKING:
     from stream.daemon.repeats import RedeliveryFilter
 
 
-def _light_message_info() -> None:
-    """paho-mqtt makes an ``MQTTMessageInfo`` per publish, each with its own ``threading.Condition`` (about a quarter
-    of the daemon's time at QoS 1 in and out, one release per message). We never block on one (the publish loop
-    polls ``is_published``), so every info shares one condition, and ``_set_as_published`` wakes all its waiters,
-    each of which checks its own flag: ``wait_for_publish`` keeps its meaning for any other caller."""
-    from paho.mqtt import client as paho_client
-
-    cls = paho_client.MQTTMessageInfo
-    if getattr(cls, "_tops_light", False):
-        return
-    shared = threading.Condition()
-    ok = paho_client.MQTTErrorCode.MQTT_ERR_SUCCESS
-
-    def __init__(self: Any, mid: int) -> None:
-        self.mid = mid
-        self._published = False
-        self._condition = shared
-        self.rc = ok
-        self._iterpos = 0
-
-    def _set_as_published(self: Any) -> None:
-        with self._condition:
-            self._published = True
-            self._condition.notify_all()
-
-    cls.__init__ = __init__
-    cls._set_as_published = _set_as_published
-    cls._tops_light = True
-
-
-_light_message_info()
-
-
-def published(info: Any) -> bool:
-    """paho's ``is_published``, but False instead of an exception for a message that could not go out (paho raises
-    when its publish failed, e.g. the connection dropped while it was queued): it is then not confirmed, and is
-    published again after the reconnect like any other unconfirmed message."""
-    try:
-        return bool(info.is_published())
-    except (RuntimeError, ValueError):
-        return False
-
-__all__ = ["AckWatchdog", "MqttLink", "ReadAheadSocket", "TopicRouter", "backoff_delay"]
+__all__ = ["AckWatchdog", "MqttLink", "ReadAheadSocket", "TopicRouter", "backoff_delay", "published"]
 
 log = logging.getLogger("tops.mqtt")
 
 Message = tuple[str, bytes, bool, int]  # topic, payload, retain, releases carried
-_PUBACK = 0x40  # MQTT control packet type PUBACK (as paho's PUBACK), remaining length 2, then the message id
-_PUBACK_HEAD = ((_PUBACK << 8) | 2) << 16
 
 
 def backoff_delay(attempt: int, low: float, high: float) -> float:
@@ -196,55 +149,6 @@ def _tls_context(settings: Any) -> ssl.SSLContext | None:
     return ctx
 
 
-class ReadAheadSocket:
-    """The broker socket as paho-mqtt sees it, reading ahead: paho reads a packet in three ``recv`` calls (type,
-    length, rest), one system call each; this takes what the kernel has in one call and serves paho from it.
-
-    ``pending()`` counts the bytes read ahead, so aiomqtt's reader callback keeps calling ``loop_read`` until they
-    are consumed (as it does for TLS sockets); everything else is the wrapped socket's."""
-
-    def __init__(self, sock: Any, chunk: int = 1 << 16) -> None:
-        self._sock = sock
-        self._chunk = chunk
-        self._data = b""
-        self._pos = 0
-        self.budget: int | None = None  # bytes the current reader callback may still take from the kernel
-
-    def recv(self, n: int) -> bytes:
-        data, pos = self._data, self._pos
-        if pos < len(data):
-            out = data[pos:pos + n]
-            self._pos = pos + len(out)
-            return out
-        budget = self.budget
-        if budget is not None:
-            if budget <= 0:  # this callback's share is used: paho keeps its partial packet, the loop runs others
-                raise BlockingIOError
-            self.budget = budget - self._chunk
-        data = self._sock.recv(max(n, self._chunk))  # BlockingIOError, TLS "want read", b"" at EOF: as they are
-        if len(data) <= n:
-            self._data, self._pos = b"", 0
-            return data
-        self._data, self._pos = data, n
-        return data[:n]
-
-    def pending(self) -> int:
-        inner = getattr(self._sock, "pending", None)
-        return len(self._data) - self._pos + (inner() if inner is not None else 0)
-
-    def buffered(self) -> int:
-        """Bytes read ahead and not yet served (no system call needed to serve them)."""
-        return len(self._data) - self._pos
-
-    def unread(self) -> int:
-        """Bytes received and not yet served: read ahead, decrypted ahead (TLS) and waiting in the kernel."""
-        waiting = struct.unpack("i", fcntl.ioctl(self._sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
-        return self.pending() + waiting
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
-
-
 class IncomingQueue(asyncio.Queue):  # type: ignore[type-arg]
     """The client's queue of received messages, bounded by ``bound`` for QoS 0.
 
@@ -303,9 +207,10 @@ class MqttLink:
         self.overload = 0  # QoS 0 messages not taken (queue full), since the last take_overload()
         self._paused = False
         self._waiting_room = False  # intake waits for the publish queue: keep reading (acknowledgements)
-        self._reader: tuple[Any, Any] | None = None  # (client, socket) of the reader callback
+        self._reader: tuple[PahoSession, Any] | None = None  # (session, socket) of the reader callback
         self._reads = 0  # reader callbacks run (the broker sent something)
         self.client: aiomqtt.Client | None = None  # the current connection's client
+        self.session: PahoSession | None = None  # the same, with what aiomqtt offers no API for (mqtt_paho.py)
         self.session_present = False  # from the last CONNACK (manual acknowledgements only)
         self._backlog: list[aiomqtt.Message] = []
         self.topics = topics
@@ -348,21 +253,13 @@ class MqttLink:
     def ack(self, pending: list[tuple[Any, list[int]]]) -> int:
         """Acknowledge received QoS 1 messages ``(client, mids)``; those of an earlier connection are skipped (the
         broker redelivers them). Returns how many were acknowledged."""
-        client = self.client
-        if client is None or not self.connected.is_set():
+        client, session = self.client, self.session
+        if client is None or session is None or not self.connected.is_set():
             return 0
-        paho = client._client  # private: paho-mqtt 2 manual acknowledgements (aiomqtt 2.x has no API for it)
         mids = [mid for c, batch in pending if c is client for mid in batch]
         if not mids:
             return 0
-        queue = getattr(paho, "_packet_queue", None)
-        if queue is None or not getattr(paho, "_manual_ack", False):
-            for mid in mids:
-                paho.ack(mid, 1)
-        else:
-            # The PUBACKs paho's ack(mid, 1) would queue one by one (4 bytes each: 0x40, 2, mid), in their order,
-            # queued as one write (private: paho-mqtt 2's packet queue).
-            queue(_PUBACK, struct.pack(f"!{len(mids)}I", *[_PUBACK_HEAD | mid for mid in mids]), 0, 1)
+        session.acknowledge(mids)
         return len(mids)
 
     def take_published(self) -> int:
@@ -383,127 +280,94 @@ class MqttLink:
         return bool(self.topics) and self.in_qos >= 1
 
     # -- reading the socket: bounded work per callback, paused while QoS 1 messages fill the queue ---------------
-    def _install_reader(self, client: aiomqtt.Client) -> None:
-        paho = client._client  # private: paho-mqtt 2 / aiomqtt 2.x
-        aiomqtt_open = paho.on_socket_open
-        loop = asyncio.get_running_loop()
+    def _install_reader(self, session: PahoSession) -> None:
+        session.after_socket_opens(lambda sock: self._take_reader(session, sock))
 
-        def on_socket_open(c: Any, userdata: Any, sock: Any) -> None:
-            aiomqtt_open(c, userdata, sock)  # registers aiomqtt's reader callback and its keepalive task
-            loop.call_soon_threadsafe(self._take_reader, client, sock)  # runs after aiomqtt's add_reader
-
-        paho.on_socket_open = on_socket_open
-
-    def _take_reader(self, client: aiomqtt.Client, sock: Any) -> None:
+    def _take_reader(self, session: PahoSession, sock: Any) -> None:
         """Replace aiomqtt's reader callback (which reads as long as data keeps coming) with :meth:`_on_readable`."""
-        if client._client._sock is not sock:  # already closed
+        if not session.owns(sock):  # already closed
             return
         loop = asyncio.get_running_loop()
         loop.remove_reader(sock.fileno())
-        loop.add_reader(sock.fileno(), self._on_readable, client, sock)
-        self._reader, self._paused = (client, sock), False
+        loop.add_reader(sock.fileno(), self._on_readable, session, sock)
+        self._reader, self._paused = (session, sock), False
 
-    def _on_readable(self, client: aiomqtt.Client, sock: Any) -> None:
+    def _on_readable(self, session: PahoSession, sock: Any) -> None:
         """Read at most ``READ_BUDGET`` bytes from the kernel (plus what was read ahead), then let the loop run
         processing, acknowledgements, publishing and keepalive; stop reading while QoS 1 messages fill the queue."""
         q = self.queue
         if q is not None and q.qos1 >= self.max_queue and not (self._waiting_room or self._stop_intake):
             self._pause()
             return
-        paho = client._client
         self._reads += 1
         try:
             sock.budget = READ_BUDGET
             while True:
-                paho.loop_read()
+                session.read()
                 if sock.buffered() > 0 or (sock.budget > 0 and sock.pending() > 0):
                     continue
                 break
-            if sock.pending() > 0 and paho._sock is sock:  # TLS bytes decrypted ahead, which the selector misses
-                asyncio.get_running_loop().call_soon(self._on_readable, client, sock)
+            if sock.pending() > 0 and session.owns(sock):  # TLS bytes decrypted ahead, which the selector misses
+                asyncio.get_running_loop().call_soon(self._on_readable, session, sock)
         except Exception as exc:  # as aiomqtt's callback: a read error ends the connection
-            if not client._disconnected.done():
-                client._disconnected.set_exception(exc)
+            session.end(exc)
         finally:
             sock.budget = None
 
     def _pause(self) -> None:
         if self._reader is not None and not self._paused:
-            client, sock = self._reader
-            if client._client._sock is sock:
+            session, sock = self._reader
+            if session.owns(sock):
                 asyncio.get_running_loop().remove_reader(sock.fileno())
             self._paused = True
 
     def _resume(self) -> None:
         if self._paused and self._reader is not None:
             self._paused = False
-            client, sock = self._reader
-            if client._client._sock is sock:
+            session, sock = self._reader
+            if session.owns(sock):
                 loop = asyncio.get_running_loop()
-                loop.add_reader(sock.fileno(), self._on_readable, client, sock)
-                loop.call_soon(self._on_readable, client, sock)  # bytes read ahead: the selector does not see them
+                loop.add_reader(sock.fileno(), self._on_readable, session, sock)
+                loop.call_soon(self._on_readable, session, sock)  # bytes read ahead: the selector does not see them
 
     # -- the connection loop ----------------------------------------------------------------------------
-    def _client(self, queue: IncomingQueue) -> aiomqtt.Client:
+    def _session(self, queue: IncomingQueue) -> PahoSession:
         s = self.settings
         persistent = s.session == "persistent"
         client_id = s.client_id or (f"tops-{socket.gethostname()}" if persistent else None)
-        session: dict[str, Any] = {}
+        session_args: dict[str, Any] = {}
         if s.protocol == "5":
             props = Properties(PacketTypes.CONNECT)
             if persistent:
                 props.SessionExpiryInterval = s.session_expiry
-            session = {"protocol": aiomqtt.ProtocolVersion.V5, "clean_start": not persistent, "properties": props}
+            session_args = {"protocol": aiomqtt.ProtocolVersion.V5, "clean_start": not persistent,
+                            "properties": props}
         else:
-            session = {"clean_session": not persistent}
-        client = aiomqtt.Client(
-            s.host, s.port, username=s.username or None, password=s.password or None,
+            session_args = {"clean_session": not persistent}
+        session = PahoSession.make(
+            queue, manual_acks=self._acks_qos1,
+            hostname=s.host, port=s.port, username=s.username or None, password=s.password or None,
             identifier=client_id, keepalive=s.keepalive, timeout=s.timeout,
             tls_context=_tls_context(s), tls_insecure=s.tls_insecure if s.tls else None,
-            queue_type=lambda maxsize=0: queue,  # type: ignore[arg-type,misc]  # keep a handle on the queue
             # 0: no limit inside paho. The window is enforced by _publish (it never hands paho more than `window`
             # unconfirmed messages), and with a limit paho scans every in-flight message on each PUBACK.
-            max_inflight_messages=0, **session,
+            max_inflight_messages=0, **session_args,
         )
-        paho = client._client  # private: paho-mqtt 2 under aiomqtt 2.x
-        create_socket = paho._create_socket
-        paho._create_socket = lambda: ReadAheadSocket(create_socket())
-        packet_queue = paho._packet_queue
-
-        def queue_packet(command: int, packet: bytes | bytearray, mid: int, qos: int, info: Any = None) -> Any:
-            # paho writes the rest of a packet as packet[pos:], a copy on every partial write (quadratic for the
-            # large payloads of batched releases); a view of the same bytes is sliced without copying.
-            return packet_queue(command, memoryview(packet) if len(packet) > 4096 else packet, mid, qos, info)
-
-        paho._packet_queue = queue_packet
-        # Releases are published through paho directly (never aiomqtt's publish(), which waits on this callback):
-        # without it paho skips building a reason code and properties for every message written.
-        paho.on_publish = None
-        self._install_reader(client)
+        self._install_reader(session)
         acks_qos1, repeats = self._acks_qos1, self.repeats
-        if acks_qos1:
-            paho.manual_ack_set(True)  # private: paho-mqtt 2, before connecting
-        if acks_qos1 or repeats is not None:
-            aiomqtt_on_connect = paho.on_connect
+        client = session.client
+        if acks_qos1 or repeats is not None:  # aiomqtt 2.x drops the CONNACK's session-present flag
 
-            def on_connect(c: Any, userdata: Any, flags: Any, *args: Any) -> None:
+            def on_connack(session_present: bool) -> None:
                 if acks_qos1:
-                    self.session_present = bool(getattr(flags, "session_present", False))
-                aiomqtt_on_connect(c, userdata, flags, *args)
+                    self.session_present = session_present
                 if repeats is not None:
                     repeats.connected(client, self.session_present)
 
-            paho.on_connect = on_connect  # aiomqtt 2.x drops the CONNACK's session-present flag
+            session.on_connack(on_connack)
         if repeats is not None:  # telling a repeat needs each QoS 1 message's DUP flag, which aiomqtt 2.x drops
-            deliver, dups = paho.on_message, repeats.dups
-
-            def on_message(c: Any, userdata: Any, msg: Any) -> None:
-                if msg.qos:
-                    (dups.add if msg.dup else dups.discard)(msg.mid)
-                deliver(c, userdata, msg)
-
-            paho.on_message = on_message
-        return client
+            session.on_dup_flags(repeats.dups)
+        return session
 
     async def run(self) -> None:
         """Connect, serve, and reconnect with backoff until ``close()`` has drained the publish queue."""
@@ -514,7 +378,8 @@ class MqttLink:
             if self.queue is not None:
                 self.overload += self.queue.overload
             self.queue = queue
-            client = self.client = self._client(queue)
+            session = self.session = self._session(queue)
+            client = self.client = session.client
             try:
                 async with client:
                     if ever_connected:
@@ -624,7 +489,8 @@ class MqttLink:
         show it. So while the broker sends, the daemon asks it for an answer every ``PROBE_LOOK`` s: an UNSUBSCRIBE
         of a topic it never subscribed (which changes nothing; each is answered by an UNSUBACK with its own packet
         id, unlike a PINGREQ, and leaves paho's keepalive alone)."""
-        disconnected = client._disconnected  # private (aiomqtt 2.x): raises MqttError when the link is lost
+        assert self.session is not None and self.session.client is client
+        disconnected = self.session.disconnected  # raises MqttError when the link is lost
         loop = asyncio.get_running_loop()
         watchdog = AckWatchdog(self.ack_timeout)
         probes: deque[asyncio.Future[None]] = deque()
@@ -736,13 +602,14 @@ class MqttLink:
             watch.cancel()
 
     async def _publish_loop(self, client: aiomqtt.Client) -> None:
-        paho = client._client  # private: publish without awaiting each confirmation (aiomqtt 2.x)
+        assert self.session is not None and self.session.client is client
+        publish = self.session.publish  # without awaiting each confirmation
         pubq, items, inflight, qos, repeats = self.pubq, self.pubq.items, self.inflight, self.out_qos, self.repeats
         while True:
             pubq.taken()  # read back what waits on disk, wake an intake waiting for room
             while items and len(inflight) < self.window:
                 item = items.popleft()
-                info = paho.publish(item[0], item[1], qos, item[2])
+                info = publish(item[0], item[1], qos, item[2])
                 if repeats is not None:  # the broker's confirmation of it: evidence that it has earlier PUBACKs
                     repeats.published(client, info, qos)
                 if info.rc != 0:
