@@ -17,8 +17,9 @@ import math
 import random
 import socket
 import ssl
+import time
 from collections import deque
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
     from stream.daemon.repeats import RedeliveryFilter
 
 
-__all__ = ["AckWatchdog", "MqttLink", "ReadAheadSocket", "TopicRouter", "backoff_delay", "published"]
+__all__ = ["AckWatchdog", "Inbox", "MqttLink", "ReadAheadSocket", "Received", "TopicRouter", "backoff_delay",
+           "published"]
 
 log = logging.getLogger("tops.mqtt")
 
@@ -179,6 +181,61 @@ class IncomingQueue(asyncio.Queue):  # type: ignore[type-arg]
         return item
 
 
+@dataclass(slots=True)
+class Received:
+    """Messages the link received, in order, handed to the input source (stream/daemon/mqtt_source.py) as one batch.
+
+    ``connection`` is the number of the connection they came on, while it is up: their QoS 1 messages are
+    acknowledged on it once taken. None: received on a connection that has ended, or left by a session the broker
+    lost (never acknowledged: there is no connection to acknowledge them on, and never filtered for repeats)."""
+
+    messages: list[aiomqtt.Message]
+    connection: int | None
+    arrival: float = field(default_factory=time.time)  # when the link handed them over
+
+
+class Inbox:
+    """The batches the link received and the input source has not taken yet: at most ``depth`` while intake runs
+    (the link waits for room, reading on: see :meth:`MqttLink._receive`), in order. What a connection leaves when it
+    ends is taken back by the link (:meth:`take_back`): it is settled like the rest of that connection's messages."""
+
+    def __init__(self, depth: int = 1) -> None:
+        self.depth = depth
+        self.batches: deque[Received] = deque()
+        self.ready = asyncio.Event()  # a batch came, or intake ended
+        self.emptied = asyncio.Event()  # there is room
+        self.emptied.set()
+
+    def put(self, received: Received) -> None:
+        if received.messages:
+            self.batches.append(received)
+            self.ready.set()
+            if len(self.batches) >= self.depth:
+                self.emptied.clear()
+
+    def take(self) -> Received | None:
+        """The oldest batch, or None."""
+        if not self.batches:
+            return None
+        received = self.batches.popleft()
+        if len(self.batches) < self.depth:
+            self.emptied.set()
+        return received
+
+    def full(self) -> bool:
+        return len(self.batches) >= self.depth
+
+    def take_back(self, connection: int | None) -> list[aiomqtt.Message]:
+        """The messages of ``connection``'s batches not taken yet (they leave the inbox, in order)."""
+        mine = [r for r in self.batches if r.connection == connection]
+        if not mine:
+            return []
+        self.batches = deque(r for r in self.batches if r.connection != connection)
+        if len(self.batches) < self.depth:
+            self.emptied.set()
+        return [m for r in mine for m in r.messages]
+
+
 READ_BUDGET = 1 << 16  # bytes one reader callback takes from the socket before the event loop runs the others
 PROBE_LOOK = 0.25  # seconds between looks at the probes (and between probes while the broker sends)
 PROBE_LIMIT = 8  # probes unanswered at a time (one lost is enough; aiomqtt warns above 10 pending requests)
@@ -188,21 +245,21 @@ PROBE_TOPIC = "tops/probe"  # never subscribed: unsubscribing it changes nothing
 class MqttLink:
     """The broker connection of the daemon; ``run()`` is its one long-lived task.
 
-    ``on_messages`` processes each batch received. With durable state the link is built with ``manual_ack`` (the
-    daemon acknowledges QoS 1 readings once the journal holds them) and a ``repeats`` filter, which the link tells
-    each connection's CONNACK, the DUP flag of each QoS 1 message, each message it publishes, and through which
-    each batch goes to ``on_messages`` (stream/daemon/repeats.py)."""
+    Each batch received goes into :attr:`inbox`, for the input source (stream/daemon/mqtt_source.py), which the
+    daemon's engine loop takes chunks from. QoS 1 messages are acknowledged only through :meth:`acknowledge` (the
+    engine's call once a chunk was taken, or with durable state once the journal holds it), never on receipt, so
+    that the broker holds what is not taken yet. With durable state the link is built with a ``repeats`` filter
+    (stream/daemon/repeats.py), which it tells each connection's CONNACK, the DUP flag of each QoS 1 message and
+    each message it publishes; the source filters each batch through it."""
 
     def __init__(self, settings: Any, *, topics: list[str], in_qos: int, out_qos: int, pubq: PublishQueue,
-                 metrics: Metrics, on_messages: Callable[[list[aiomqtt.Message]], None], max_batch: int,
-                 inflight: int, manual_ack: bool = False, max_queue: int = 10_000, ack_timeout: float = 10.0,
-                 repeats: RedeliveryFilter | None = None) -> None:
+                 metrics: Metrics, max_batch: int, inflight: int, max_queue: int = 10_000,
+                 ack_timeout: float = 10.0, repeats: RedeliveryFilter | None = None) -> None:
         self.settings = settings
         self.ack_timeout = ack_timeout  # seconds without an answer while one is awaited: reconnect
-        # True: the daemon acknowledges QoS 1 readings (ack(), after the journal); False: the link does, once
-        # they are processed. Either way never on receipt, so that the broker holds what is not taken yet.
-        self.manual_ack = manual_ack
         self.repeats = repeats
+        self.inbox = Inbox()
+        self.connection = 0  # the number of the current (or last) connection, from 1
         self.max_queue = max_queue
         self.overload = 0  # QoS 0 messages not taken (queue full), since the last take_overload()
         self._paused = False
@@ -218,7 +275,6 @@ class MqttLink:
         self.out_qos = out_qos
         self.pubq = pubq
         self.metrics = metrics
-        self.on_messages = on_messages
         self.max_batch = max_batch
         self.window = inflight
         self.queue: IncomingQueue | None = None
@@ -226,21 +282,25 @@ class MqttLink:
         self.published_releases = 0  # confirmed since the last take_published()
         self.confirmed = 0  # messages confirmed by the broker (the watchdog's evidence that it answers)
         self.connected = asyncio.Event()
-        self.intake_done = asyncio.Event()
+        self.intake_done = asyncio.Event()  # intake stopped, and everything received is in the inbox
         if not topics:
-            self.intake_done.set()
+            self._end_intake()
         self._stop_intake = False
         self._closing = False
         self._receiver: asyncio.Task[None] | None = None
 
     # -- control, called by the daemon ------------------------------------------------------------------
     def stop_intake(self) -> None:
-        """Stop receiving: unsubscribe, process what was received, then set ``intake_done``."""
+        """Stop receiving: unsubscribe, hand over what was received, then set ``intake_done``."""
         self._stop_intake = True
         if self._receiver is not None and not self._receiver.done():
             self._receiver.cancel()
         elif not self.connected.is_set():
-            self.intake_done.set()
+            self._end_intake()
+
+    def _end_intake(self) -> None:
+        self.intake_done.set()
+        self.inbox.ready.set()
 
     def close(self) -> None:
         """Finish publishing what is queued, then disconnect (``run()`` returns)."""
@@ -250,17 +310,16 @@ class MqttLink:
     def queue_depth(self) -> int:
         return self.queue.qsize() if self.queue is not None else 0
 
-    def ack(self, pending: list[tuple[Any, list[int]]]) -> int:
-        """Acknowledge received QoS 1 messages ``(client, mids)``; those of an earlier connection are skipped (the
-        broker redelivers them). Returns how many were acknowledged."""
-        client, session = self.client, self.session
-        if client is None or session is None or not self.connected.is_set():
-            return 0
-        mids = [mid for c, batch in pending if c is client for mid in batch]
-        if not mids:
-            return 0
-        session.acknowledge(mids)
-        return len(mids)
+    def acknowledge(self, acks: list[tuple[int | None, list[int]]]) -> list[int]:
+        """Acknowledge received QoS 1 messages ``(connection, mids)`` on the current connection: those of an earlier
+        one are skipped (the broker redelivers them to the session, or lost it). Returns the mids acknowledged."""
+        session, current = self.session, self.connection
+        if session is None or not self.connected.is_set():
+            return []
+        mids = [mid for c, batch in acks if c == current for mid in batch]
+        if mids:
+            session.acknowledge(mids)
+        return mids
 
     def take_published(self) -> int:
         n, self.published_releases = self.published_releases, 0
@@ -355,14 +414,14 @@ class MqttLink:
         )
         self._install_reader(session)
         acks_qos1, repeats = self._acks_qos1, self.repeats
-        client = session.client
+        connection = self.connection
         if acks_qos1 or repeats is not None:  # aiomqtt 2.x drops the CONNACK's session-present flag
 
             def on_connack(session_present: bool) -> None:
                 if acks_qos1:
                     self.session_present = session_present
                 if repeats is not None:
-                    repeats.connected(client, self.session_present)
+                    repeats.connected(connection, self.session_present)
 
             session.on_connack(on_connack)
         if repeats is not None:  # telling a repeat needs each QoS 1 message's DUP flag, which aiomqtt 2.x drops
@@ -378,6 +437,7 @@ class MqttLink:
             if self.queue is not None:
                 self.overload += self.queue.overload
             self.queue = queue
+            self.connection += 1
             session = self.session = self._session(queue)
             client = self.client = session.client
             try:
@@ -417,56 +477,42 @@ class MqttLink:
             log.info("%d unacknowledged messages of the last connection: the broker redelivers them", len(backlog))
             return
         log.warning("the broker lost the session: %d messages received before are processed now", len(backlog))
-        client, self.client = self.client, None  # their message ids belong to the old session: never acked
-        try:
-            for k in range(0, len(backlog), self.max_batch):
-                self._deliver(backlog[k:k + self.max_batch])
-        finally:
-            self.client = client
+        self._hand_over(backlog, None)  # their message ids belong to the old session: never acked
 
     def _after_connection(self, queue: IncomingQueue) -> None:
-        """Put unconfirmed messages back and process what was received before the connection ended."""
+        """Put unconfirmed messages back and hand over what was received before the connection ended (with what the
+        input source had not taken yet: settled the same way)."""
         pending = [item for info, item in self.inflight if not published(info)]
         self.published_releases += sum(item[3] for info, item in self.inflight if published(info))
         self.inflight.clear()
         self.pubq.requeue(pending)
+        left = self.inbox.take_back(self.connection)
+        while not queue.empty():
+            left.append(queue.get_nowait())
         if self._acks_qos1 and self.settings.session == "persistent":
             # QoS 1: not acknowledged, and no connection left to acknowledge them on: the broker redelivers them to
             # the session, so processing them now would count them twice. Kept until the next CONNACK says whether
             # the broker still has the session (if it lost it, they are processed then). QoS 0 messages are never
             # redelivered: processed now.
             now: list[aiomqtt.Message] = []
-            while not queue.empty():
-                m = queue.get_nowait()
+            for m in left:
                 (self._backlog if m.qos else now).append(m)
-            for k in range(0, len(now), self.max_batch):
-                self._deliver(now[k:k + self.max_batch])
+            self._hand_over(now, None)
         else:
-            self._drain(queue, None)
+            self._hand_over(left, None)
         if self._stop_intake:
-            self.intake_done.set()
+            self._end_intake()
 
-    def _deliver(self, batch: list[aiomqtt.Message]) -> None:
-        """Hand a batch to ``on_messages``, through the ``repeats`` filter if there is one."""
-        if self.repeats is None:
-            self.on_messages(batch)
-        else:
-            self.repeats.deliver(batch, self.client, self.on_messages)
+    def _hand_over(self, messages: list[aiomqtt.Message], connection: int | None) -> None:
+        """Into the inbox in batches of at most ``max_batch`` (whatever room there is: they were received)."""
+        for k in range(0, len(messages), self.max_batch):
+            self.inbox.put(Received(messages[k:k + self.max_batch], connection))
 
-    def _process(self, batch: list[aiomqtt.Message], client: aiomqtt.Client | None) -> None:
-        """Process a batch; without durable state its QoS 1 messages are acknowledged now (processed)."""
-        self._deliver(batch)
-        if client is not None and not self.manual_ack and self._acks_qos1:
-            mids = [m.mid for m in batch if m.qos]
-            if mids:
-                self.ack([(client, mids)])
-
-    def _drain(self, queue: IncomingQueue, client: aiomqtt.Client | None) -> None:
+    def _drain(self, queue: IncomingQueue, connection: int | None) -> None:
+        left = []
         while not queue.empty():
-            batch = []
-            while not queue.empty() and len(batch) < self.max_batch:
-                batch.append(queue.get_nowait())
-            self._process(batch, client)
+            left.append(queue.get_nowait())
+        self._hand_over(left, connection)
 
     async def _serve(self, client: aiomqtt.Client, queue: IncomingQueue) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -475,7 +521,7 @@ class MqttLink:
                     await client.subscribe(t, qos=self.in_qos)
                 self._receiver = tg.create_task(self._receive(client, queue), name="tops.mqtt.receive")
             else:
-                self.intake_done.set()
+                self._end_intake()
             watch = tg.create_task(self._watch(client), name="tops.mqtt.watch")
             tg.create_task(self._publish(client, watch), name="tops.mqtt.publish")
 
@@ -540,24 +586,25 @@ class MqttLink:
 
     async def _receive(self, client: aiomqtt.Client, queue: IncomingQueue) -> None:
         messages = client.messages
-        pubq = self.pubq
+        inbox, connection = self.inbox, self.connection
         batch: list[aiomqtt.Message] = []
         try:
             while not self._stop_intake:
-                if not pubq.has_room():
-                    # Intake waits for the broker to take releases (nothing is dropped while connected). Reading
-                    # goes on (the broker's acknowledgements of releases come through the same socket): QoS 1
-                    # readings are not acknowledged meanwhile, so the broker holds them; QoS 0 past the queue's
-                    # bound are counted as overload.
+                if inbox.full():
+                    # The engine has not taken the last batch: it waits for room itself (releases waiting for the
+                    # broker, a disk that refuses writes), the one point of backpressure. Reading goes on (the
+                    # broker's acknowledgements of releases come through the same socket): QoS 1 readings are not
+                    # acknowledged meanwhile, so the broker holds them; QoS 0 past the queue's bound are counted as
+                    # overload.
                     self._waiting_room = True
                     self._resume()
                     try:
-                        await pubq.wait_room()
+                        await inbox.emptied.wait()
                     finally:
                         self._waiting_room = False
                 batch = [await anext(messages)]
                 # The client reads a bounded amount per event-loop pass: let a few more passes run while messages
-                # keep coming, so that a step processes a batch (no waiting when the input is idle).
+                # keep coming, so that a step takes a batch (no waiting when the input is idle).
                 for _ in range(64):
                     while not queue.empty() and len(batch) < self.max_batch:
                         batch.append(queue.get_nowait())
@@ -566,25 +613,25 @@ class MqttLink:
                     await asyncio.sleep(0)
                     if queue.empty():
                         break
-                self._process(batch, client)
+                inbox.put(Received(batch, connection))
                 batch = []
                 if self._paused and queue.qos1 < self.max_queue:
                     self._resume()
         except asyncio.CancelledError:
-            if batch:  # taken from the queue: accepted, so processed whatever happens
-                self._process(batch, client)
+            if batch:  # taken from the queue: received, so handed over whatever happens
+                inbox.put(Received(batch, connection))
             if not self._stop_intake:
                 raise
-        # Stopping: no new messages, then process what the broker had already delivered. With manual
-        # acknowledgements and a persistent session the subscriptions stay (the broker queues readings while the
-        # daemon is down); what arrives from now on is neither processed nor acknowledged, so it is redelivered.
+        # Stopping: no new messages, then hand over what the broker had already delivered. With QoS 1 and a
+        # persistent session the subscriptions stay (the broker queues readings while the daemon is down); what
+        # arrives from now on is neither processed nor acknowledged, so it is redelivered.
         self._resume()  # the unsubscribe acknowledgement comes through the socket
         if not (self._acks_qos1 and self.settings.session == "persistent"):
             with contextlib.suppress(aiomqtt.MqttError):
                 for t in self.topics:
                     await client.unsubscribe(t)
-        self._drain(queue, client)
-        self.intake_done.set()
+        self._drain(queue, connection)
+        self._end_intake()
 
     def _give_up(self, what: str) -> None:
         """End a connection on which the broker answers nothing any more (``what`` went unanswered): the reconnect
@@ -604,6 +651,7 @@ class MqttLink:
     async def _publish_loop(self, client: aiomqtt.Client) -> None:
         assert self.session is not None and self.session.client is client
         publish = self.session.publish  # without awaiting each confirmation
+        connection = self.connection
         pubq, items, inflight, qos, repeats = self.pubq, self.pubq.items, self.inflight, self.out_qos, self.repeats
         while True:
             pubq.taken()  # read back what waits on disk, wake an intake waiting for room
@@ -611,7 +659,7 @@ class MqttLink:
                 item = items.popleft()
                 info = publish(item[0], item[1], qos, item[2])
                 if repeats is not None:  # the broker's confirmation of it: evidence that it has earlier PUBACKs
-                    repeats.published(client, info, qos)
+                    repeats.published(connection, info, qos)
                 if info.rc != 0:
                     items.appendleft(item)
                     msg = f"publish refused (code {info.rc})"
