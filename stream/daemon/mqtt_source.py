@@ -1,7 +1,7 @@
 """MQTT input as a :class:`~stream.daemon.source.Source`: the link's received batches, as ADDRESSED chunks.
 
 The link (:class:`~stream.daemon.sources.MqttLink`) owns the connection, which carries the daemon's releases too; it
-puts what it receives into its :class:`~stream.daemon.sources.Inbox`, at most one batch ahead of the engine. Each
+puts what it receives into its :class:`~stream.daemon.sources.Inbox`, at most two batches ahead of the engine. Each
 chunk names each message's stream from its topic (:class:`~stream.daemon.sources.TopicRouter`), carries its
 payload, and as ``ack`` an :class:`MqttAcks`: the connection the batch came on and its QoS 1 packet ids.
 :meth:`MqttSource.acknowledge` sends their PUBACKs on that connection only while it is still the current one (an
@@ -62,6 +62,7 @@ class MqttSource:
         link = self.link
         inbox = link.inbox
         while True:
+            inbox.engine_waits = False  # the engine asks for a batch
             received = inbox.take()
             while received is None:
                 if link.intake_done.is_set():
@@ -69,6 +70,7 @@ class MqttSource:
                 inbox.ready.clear()
                 await inbox.ready.wait()
                 received = inbox.take()
+            inbox.engine_waits = True  # until it asks for the next: it takes this one, then waits for room
             yield self._chunk(received)  # taken by the engine in this event-loop step
 
     def _chunk(self, received: Received) -> Chunk:

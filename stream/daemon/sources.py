@@ -205,6 +205,10 @@ class Inbox:
         self.ready = asyncio.Event()  # a batch came, or intake ended
         self.emptied = asyncio.Event()  # there is room
         self.emptied.set()
+        # the engine is not asking for a batch (it has not started, or has the last chunk made from this inbox and has
+        # not asked for the next): whenever the link runs meanwhile, the engine waits for room (for releases to
+        # leave, for the disk), not taking input
+        self.engine_waits = True
 
     def put(self, received: Received) -> None:
         if received.messages:
@@ -258,7 +262,9 @@ class MqttLink:
         self.settings = settings
         self.ack_timeout = ack_timeout  # seconds without an answer while one is awaited: reconnect
         self.repeats = repeats
-        self.inbox = Inbox()
+        # two batches: the link gathers the next while the engine takes one (at one, each batch would cost two more
+        # event-loop passes, each reading up to READ_BUDGET: QoS 0 floods counted as overload half as often again)
+        self.inbox = Inbox(depth=2)
         self.connection = 0  # the number of the current (or last) connection, from 1
         self.max_queue = max_queue
         self.overload = 0  # QoS 0 messages not taken (queue full), since the last take_overload()
@@ -590,14 +596,15 @@ class MqttLink:
         batch: list[aiomqtt.Message] = []
         try:
             while not self._stop_intake:
-                if inbox.full():
-                    # The engine has not taken the last batch: it waits for room itself (releases waiting for the
-                    # broker, a disk that refuses writes), the one point of backpressure. Reading goes on (the
+                while inbox.full():
+                    # The engine has not taken the last batch. If it waits for room (releases waiting for the
+                    # broker, a disk that refuses writes: the one point of backpressure), reading goes on (the
                     # broker's acknowledgements of releases come through the same socket): QoS 1 readings are not
                     # acknowledged meanwhile, so the broker holds them; QoS 0 past the queue's bound are counted as
-                    # overload.
-                    self._waiting_room = True
-                    self._resume()
+                    # overload. Else it is about to take it, and reading pauses while QoS 1 messages fill the queue.
+                    self._waiting_room = inbox.engine_waits
+                    if self._waiting_room:
+                        self._resume()
                     try:
                         await inbox.emptied.wait()
                     finally:
