@@ -1,21 +1,34 @@
-"""When the daemon acknowledges a QoS 1 reading, seen from the broker: with durable state only once the journal on
-disk holds it, and only on the connection it came on (an earlier connection's readings are the broker's to
-redeliver)."""
+"""The MQTT input's QoS 1 readings seen from the broker: acknowledged with durable state only once the journal on disk
+holds them, and only on the connection they came on (an earlier connection's readings are the broker's to
+redeliver); read no further than ``[input] max_queue`` ahead of the engine that takes them."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from stream.core.config import build_config
 from stream.core.metrics import Metrics
 from stream.core.sinks import PublishQueue
 from stream.daemon.mqtt_source import MqttSource
-from stream.daemon.sources import MqttLink, TopicRouter
-from tests.support import DaemonProcess, daemon_config, free_port, publish, running_broker, wait_for
+from stream.daemon.service import Daemon
+from stream.daemon.sources import READ_BUDGET, MqttLink, TopicRouter
+from tests.support import (
+    TEMPLATE,
+    DaemonProcess,
+    FakeOperator,
+    daemon_config,
+    free_port,
+    publish,
+    running_broker,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -122,3 +135,56 @@ def _connect_and_leave(port: int, client_id: str) -> None:
     wait_for(c.is_connected, 10, what="the second client connected")
     c.disconnect()
     c.loop_stop()
+
+
+class SlowOperator(FakeOperator):
+    """A stand-in operator that takes 0.2 ms a reading: an engine slower than the broker sends."""
+
+    def process(self, values):
+        time.sleep(2e-4 * len(values))
+        return super().process(values)
+
+
+@pytest.fixture
+def windowless_broker(tmp_path: Path):
+    """A broker that sends a client every QoS 1 message at once (no in-flight window) and never drops one."""
+    yield from running_broker(tmp_path, "allow_anonymous true\nmax_inflight_messages 0\nmax_queued_messages 0\n")
+
+
+def test_a_qos1_flood_is_read_no_further_than_max_queue_ahead_of_the_engine(windowless_broker,
+                                                                            tmp_path: Path) -> None:
+    """The broker sends a QoS 1 flood without a window (``max_inflight_messages 0``): the link stops reading the
+    socket once ``max_queue`` messages wait (the broker holds the rest: they are not acknowledged), and reads on as
+    the engine (slower than the broker sends) takes them. At its peak the queue holds ``max_queue`` plus what one
+    read takes (at most two ``READ_BUDGET`` of PUBLISH packets of 25 bytes or more), never the flood."""
+    broker = windowless_broker
+    flood, max_queue = 30_000, 500
+    cfg = build_config({"mqtt": {"host": "127.0.0.1", "port": broker.port}, "metrics": {"port": 0},
+                        "input": {"source": "mqtt", "topics": ["meters/+/reading"], "qos": 1,
+                                  "max_queue": max_queue, "max_batch": 100},
+                        "output": {"sinks": ["stdout"]},
+                        "streams": {"key_file": str(tmp_path / "k"), "template": dict(TEMPLATE)}})
+    ops: list[SlowOperator] = []
+
+    def make(_: str) -> SlowOperator:
+        ops.append(SlowOperator(2))
+        return ops[-1]
+
+    d = Daemon(cfg, stdout=io.StringIO(), operator_factory=make, install_signals=False)
+    peak = 0
+
+    async def go() -> None:
+        nonlocal peak
+        serving = asyncio.create_task(d.serve())
+        await asyncio.wait_for(_until(lambda: d.link is not None and d.link._receiver is not None), 20)
+        lines = [str(k % 90) for k in range(flood)]
+        sending = asyncio.create_task(asyncio.to_thread(publish, broker.port, "meters/x/reading", lines))
+        while sum(op.ticks for op in ops) < flood:
+            peak = max(peak, d.link.queue.qos1 if d.link.queue is not None else 0)
+            await asyncio.sleep(0)
+        await sending
+        d.stopping.set()
+        assert await asyncio.wait_for(serving, 30) == 0
+
+    asyncio.run(asyncio.wait_for(go(), 120))
+    assert max_queue <= peak <= max_queue + 2 * READ_BUDGET // 25, peak
