@@ -8,9 +8,9 @@ daemon then builds its parts with the layers durable state gives it:
   by the privacy ledger, keyed by their generation, and restored from their stored state;
 - its intake through :meth:`Durability.journaled` (stream/state/journaled.py): the daemon calls that object, so every
   reading the router accepts is appended to the journal (the readings of one message make one line);
-- the MQTT link, when readings come over MQTT, with manual acknowledgements and the :attr:`Durability.repeats`
-  filter (stream/daemon/repeats.py): a QoS 1 message the broker sends again after it was processed is acknowledged,
-  never processed twice.
+- the MQTT link and input source, when readings come over MQTT, with the :attr:`Durability.repeats` filter
+  (stream/daemon/repeats.py): a QoS 1 message the broker sends again after it was processed is acknowledged, never
+  processed twice.
 
 Then :meth:`Durability.restore` restores the stored streams (with period ticks all of them at once; with one tick
 per reading each at its next reading, as after an eviction; changed privacy parameters stop the start unless a new
@@ -19,9 +19,9 @@ queue, re-processes the journal since the last checkpoint through the router its
 releases, published again) and checkpoints.
 
 While running, ``sync_loop`` makes batches of journaled readings durable (write + fsync in a worker thread).
-Releases and status messages are *held* until the readings they depend on are durable, and QoS 1 messages are
-acknowledged only then; so whatever leaves the process can be re-produced from the journal, and a release is never
-made twice with different values.
+Releases and status messages are *held* until the readings they depend on are durable, and the input's chunks are
+acknowledged only then (:meth:`Durability.acknowledge_after_sync`: MQTT's QoS 1 messages); so whatever leaves the
+process can be re-produced from the journal, and a release is never made twice with different values.
 
 A checkpoint (every ``checkpoint_interval`` s, after ``checkpoint_every`` ticks, at start and at shutdown) makes its
 cut in one event-loop step: rotate the journal (syncing what is buffered), release what was held, take the changed
@@ -53,8 +53,8 @@ from prometheus_client import Counter
 from stream.core.config import stream_params
 from stream.core.keys import load_master_key
 from stream.core.router import ReleaseBatch, Router
+from stream.daemon.mqtt_paho import published
 from stream.daemon.repeats import RedeliveryFilter
-from stream.daemon.sources import published
 from stream.state.admission import AdmittedStreams
 from stream.state.disk import DiskRefused, DiskRetry
 from stream.state.journal import Journal
@@ -156,7 +156,7 @@ class Durability:
         self.max_checkpoint_seconds = 0.0
         self.synced_readings = 0
         self.redeliveries: Redeliveries | None = None  # MQTT input: the messages the broker may send again
-        self.repeats: RedeliveryFilter | None = None  # the MQTT link's filter of them (and its acknowledgements)
+        self.repeats: RedeliveryFilter | None = None  # the MQTT link's and source's filter of them
         self.source_acks: list[tuple[Any, Any]] = []  # (source, ack token) of chunks taken since the last sync
         self.redelivered = Counter("tops_redeliveries_dropped", "QoS 1 messages the broker sent again after they "
                                    "were processed (acknowledged, not counted twice).",
@@ -233,8 +233,7 @@ class Durability:
         red = self.redeliveries = Redeliveries(self._digest_key(), grace=2.0 * settings.keepalive,
                                                mark=self.journal.append_mark)
         self.repeats = RedeliveryFilter(red, persistent=settings.session == "persistent",
-                                        mark=self.journal.append_mark, on_repeat=self.redelivered.inc,
-                                        wake=self.wake.set)
+                                        on_repeat=self.redelivered.inc)
 
     # -- the layers the daemon is built with --------------------------------------------------------------------
     def admitting(self, factory: Callable[[str], Any], keyed: Callable[[bytes], Any]) -> AdmittedStreams:
@@ -264,7 +263,7 @@ class Durability:
         """Drop the redelivery entries whose acknowledgement the broker has (see stream.state.redelivery)."""
         repeats, link = self.repeats, self.daemon.link
         if repeats is not None and link is not None:
-            repeats.confirm(link.client, link.connected.is_set())
+            repeats.confirm(link.connection, link.connected.is_set())
 
     def _restore(self) -> None:
         daemon, router = self.daemon, self.router
@@ -337,8 +336,7 @@ class Durability:
             return False
         if self.router.ticks_total - self.ticks_at_checkpoint >= self.checkpoint_every:
             self.checkpoint_due.set()
-        if self.journal.pending_records or self.syncing or self.held or self.journal.unwritten \
-                or (self.repeats is not None and self.repeats.acks):
+        if self.journal.pending_records or self.syncing or self.held or self.journal.unwritten or self.source_acks:
             if batches or self.router.status_now:
                 self.held.append(batches)
             self.wake.set()
@@ -355,15 +353,16 @@ class Durability:
         finally:
             self.releasing = False
 
-    def _take_acks(self) -> list[tuple[Any, list[int]]]:
-        """The QoS 1 messages (client, mids of a batch) waiting for the sync that is under way."""
-        return self.repeats.take_acks() if self.repeats is not None else []
-
     def acknowledge_after_sync(self, source: Any, token: Any) -> None:
         """Acknowledge a chunk of ``source`` (its ``token``) once the journal holds what it carried: after the next
         sync (``source`` is a stream.daemon.source.Source)."""
         self.source_acks.append((source, token))
         self.wake.set()
+
+    def mark(self, marks: Any) -> None:
+        """Journal a chunk's marks (after its readings: the sync that makes them durable makes the marks too)."""
+        for m in marks:
+            self.journal.append_mark(m)
 
     def _acknowledge_sources(self, tokens: list[tuple[Any, Any]]) -> None:
         """Each source's tokens, in the order their chunks were taken."""
@@ -372,13 +371,6 @@ class Durability:
             by_source.setdefault(id(source), (source, []))[1].append(token)
         for source, taken in by_source.values():
             source.acknowledge(taken)
-
-    def _ack(self, acks: list[tuple[Any, list[int]]]) -> None:
-        link = self.daemon.link
-        if acks and link is not None:
-            link.ack(acks)
-            if self.repeats is not None:
-                self.repeats.acked(acks, link.client, link.connected.is_set())
 
     async def sync_loop(self) -> None:
         """Group commit: gather readings for ``fsync_interval`` (or ``fsync_batch`` of them), write and fsync in a
@@ -395,7 +387,7 @@ class Durability:
         """Write and fsync what the journal took, waiting for the disk while it refuses (nothing is accepted,
         released or acknowledged meanwhile), then release and acknowledge what waited for it."""
         self.journal.take()
-        held, acks, tokens = self.held, self._take_acks(), self.source_acks
+        held, tokens = self.held, self.source_acks
         self.held, self.source_acks = [], []
         n = 0
         if self.journal.unwritten:
@@ -405,8 +397,6 @@ class Durability:
             except DiskRefused:  # stopping on a full disk: what was not written was never accepted
                 self.held = held + self.held
                 self.source_acks = tokens + self.source_acks
-                if self.repeats is not None:
-                    self.repeats.hand_back(acks)
                 return
             finally:
                 self.syncing = False
@@ -414,7 +404,6 @@ class Durability:
         if n:
             self.daemon.metrics.journal_synced.inc(n)
         self._release(held)
-        self._ack(acks)
         self._acknowledge_sources(tokens)
         self._confirm()
 
@@ -516,10 +505,9 @@ class Durability:
         if synced:
             self.synced_readings += synced
             self.daemon.metrics.journal_synced.inc(synced)
-        held, acks, tokens = self.held, self._take_acks(), self.source_acks
+        held, tokens = self.held, self.source_acks
         self.held, self.source_acks = [], []
         self._release(held)
-        self._ack(acks)
         self._acknowledge_sources(tokens)
         self._confirm()
         spill = daemon.pubq.spill if daemon.pubq is not None else None

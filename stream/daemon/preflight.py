@@ -1,6 +1,7 @@
 """What ``tops run`` checks before it starts, and ``tops run --check`` checks without starting: every problem at once.
 
-Beyond the configuration file itself (:func:`stream.core.config.build_config`): the master key file (readable and of
+Beyond the configuration file itself (:func:`stream.core.config.build_config`): with MQTT, the installed paho-mqtt
+and aiomqtt (those the MQTT adapter was written for, stream/daemon/mqtt_paho.py); the master key file (readable and of
 mode 0600, or creatable in its folder), the metrics port (free), the data directory (usable), and the state store
 (readable, made with this master key, and every stored stream's privacy parameters equal to the template's unless a
 new generation is asked for). Nothing is created or changed here. Each problem is one line; the daemon does not start
@@ -124,6 +125,10 @@ def _store_problems(cfg: DaemonConfig, master: bytes | None) -> list[str]:
 def preflight(cfg: DaemonConfig) -> list[str]:
     """Every problem that would stop the start of a valid configuration, one line each (empty: it can start)."""
     problems: list[str] = []
+    if cfg.uses_mqtt:  # the MQTT adapter runs only on the paho-mqtt and aiomqtt it was written for
+        from stream.daemon.mqtt_paho import adapter_problems
+
+        problems += adapter_problems()
     master = None
     if cfg.streams.mode == "central":
         master, err = _key_problem(Path(cfg.streams.key_file).expanduser())

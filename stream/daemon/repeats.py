@@ -1,22 +1,20 @@
-"""The MQTT link's QoS 1 input with durable state: repeats the broker sends again are acknowledged, never processed.
+"""The MQTT input's QoS 1 messages with durable state: repeats the broker sends again are acknowledged, never processed.
 
-:class:`RedeliveryFilter` is given to :class:`~stream.daemon.sources.MqttLink` when it is built (durable state makes
-it, stream/daemon/durability.py); the link calls it where a connection's packets pass (stream.state.redelivery says
-how a repeat is told apart from a new message):
+:class:`RedeliveryFilter` is made by durable state (stream/daemon/durability.py) and given, when they are built, to
+the link (:class:`~stream.daemon.sources.MqttLink`, the session: CONNACKs, DUP flags, our publishes) and to the input
+source (:class:`~stream.daemon.mqtt_source.MqttSource`, the data: each batch); stream.state.redelivery says how a
+repeat is told apart from a new message:
 
-- :meth:`~RedeliveryFilter.connected` at each CONNACK, with its session-present flag;
-- ``dups``, the set the link keeps of the current connection's QoS 1 packet ids whose DUP flag was set, as paho
-  parses each PUBLISH;
-- :meth:`~RedeliveryFilter.published` for each message the link hands paho (ours, after a PUBACK: the evidence that
-  the broker has it);
-- :meth:`~RedeliveryFilter.deliver` with each batch of received messages: repeats are dropped (counted), the others
-  processed, and every QoS 1 packet id is kept to be acknowledged once the journal holds the batch; the packet ids
-  and digests of the processed ones are journaled as a mark after their readings (the same sync makes both
-  durable).
-
-Durable state takes the packet ids to acknowledge after each sync (:meth:`~RedeliveryFilter.take_acks`), reports the
-PUBACKs it queued (:meth:`~RedeliveryFilter.acked`) and drops the entries the broker confirmed
-(:meth:`~RedeliveryFilter.confirm`).
+- the link calls :meth:`~RedeliveryFilter.connected` at each CONNACK, with the connection's number and its
+  session-present flag; keeps in ``dups`` the current connection's QoS 1 packet ids whose DUP flag was set, as paho
+  parses each PUBLISH; and calls :meth:`~RedeliveryFilter.published` for each message it hands paho (ours, after a
+  PUBACK: the evidence that the broker has it);
+- the source calls :meth:`~RedeliveryFilter.sort` with each batch of the current connection as the engine takes it:
+  repeats are dropped (counted), the others taken, every QoS 1 packet id goes into the chunk's acknowledgement, and
+  the kept packet ids and digests into a journal mark the engine writes after the chunk's readings (the same sync
+  makes both durable);
+- the source reports the PUBACKs it queued (:meth:`~RedeliveryFilter.acked`), and durable state drops the entries
+  the broker confirmed (:meth:`~RedeliveryFilter.confirm`) after each sync.
 """
 
 from __future__ import annotations
@@ -30,60 +28,49 @@ from stream.state.redelivery import Redeliveries
 
 __all__ = ["RedeliveryFilter"]
 
-Acks = list[tuple[Any, list[int]]]  # (client of the connection, packet ids of a batch)
-
 
 class RedeliveryFilter:
-    """The redelivery table of a broker session, fed by the link it was given to.
+    """The redelivery table of a broker session, fed by the link and the source it was given to.
 
-    ``persistent``: the session outlives a connection (else nothing is ever redelivered); ``mark``: the journal's
-    mark writer; ``on_repeat``: called for each repeat dropped (a metric); ``wake``: called when a batch had repeats
-    (their acknowledgements wait for a sync)."""
+    ``persistent``: the session outlives a connection (else nothing is ever redelivered); ``on_repeat``: called for
+    each repeat dropped (a metric)."""
 
-    def __init__(self, table: Redeliveries, *, persistent: bool, mark: Callable[[dict[str, Any]], None],
-                 on_repeat: Callable[[], None], wake: Callable[[], None]) -> None:
+    def __init__(self, table: Redeliveries, *, persistent: bool, on_repeat: Callable[[], None]) -> None:
         self.table = table
         self.persistent = persistent
-        self.mark = mark
         self.on_repeat = on_repeat
-        self.wake = wake
-        self.client: Any = None  # the connection of the last CONNACK (aiomqtt client)
+        self.connection: int | None = None  # the number of the connection of the last CONNACK
         self.dups: set[int] = set()  # its QoS 1 packet ids received with the DUP flag (filled by the link)
         self.pubs: deque[tuple[int, Any]] = deque()  # its QoS >= 1 publishes of ours: (number, paho message info)
         self.sent = 0  # messages handed to paho on it
         self.confirmed = 0  # the number of its last publish the broker confirmed
-        self.acks: Acks = []  # QoS 1 messages to acknowledge once the journal holds them
 
     # -- called by the link --------------------------------------------------------------------------------------
-    def connected(self, client: Any, session_present: bool) -> None:
-        """The CONNACK of ``client``'s connection (``session_present``: the broker kept the session)."""
+    def connected(self, connection: int, session_present: bool) -> None:
+        """The CONNACK of connection number ``connection`` (``session_present``: the broker kept the session)."""
         self.dups.clear()  # the earlier connection's ids: never looked at again (its backlog is not filtered)
-        self.client, self.sent, self.confirmed = client, 0, 0
+        self.connection, self.sent, self.confirmed = connection, 0, 0
         self.pubs.clear()
         self.table.connected(session_present=session_present if self.persistent else False)
 
-    def published(self, client: Any, info: Any, qos: int) -> None:
-        """A message handed to paho on ``client`` (``info``: its message info)."""
-        if client is self.client:
+    def published(self, connection: int, info: Any, qos: int) -> None:
+        """A message handed to paho on connection ``connection`` (``info``: its message info)."""
+        if connection == self.connection:
             self.sent += 1
             if qos:
                 self.pubs.append((self.sent, info))
 
-    def deliver(self, batch: list[Any], client: Any, process: Callable[[list[Any]], None]) -> None:
-        """``process`` the batch without the repeats; ``client``: the link's current connection (None while a lost
-        session's backlog is processed)."""
-        if client is None or client is not self.client:  # a lost session's backlog: never repeated
-            mids = [m.mid for m in batch if m.qos]
-            if mids:
-                self.acks.append((client, mids))
-            process(batch)
-            return
+    # -- called by the source ------------------------------------------------------------------------------------
+    def sort(self, batch: list[Any]) -> tuple[list[Any], list[int], list[list[int]]]:
+        """A batch of the current connection, as the engine takes it: ``(taken, mids, kept)``, the messages that are
+        not repeats, the packet ids of every QoS 1 message (repeats included: all are acknowledged once the chunk is
+        durable) and the ``[mid, digest]`` entries kept (the journal mark to write after the taken readings)."""
         table, dups = self.table, self.dups
         digest = table.digest
-        mids, fresh, kept = [], [], []
+        mids, taken, kept = [], [], []
         for m in batch:
             if not m.qos:
-                fresh.append(m)
+                taken.append(m)
                 continue
             mid = m.mid
             mids.append(mid)
@@ -94,33 +81,19 @@ class RedeliveryFilter:
                 continue
             table.keep(mid, d)
             kept.append([mid, d])
-            fresh.append(m)
-        if mids:
-            self.acks.append((client, mids))
-        process(fresh)
-        if kept:  # after the messages' readings: the same sync makes both durable (whole syncs only)
-            self.mark({"u": kept})
-        if len(fresh) < len(batch):
-            self.wake()
+            taken.append(m)
+        return taken, mids, kept
+
+    def acked(self, mids: list[int], connection: int) -> None:
+        """PUBACKs of ``mids`` were queued on connection ``connection``, up now."""
+        if mids and connection == self.connection:
+            self.table.acked(mids, self.sent)
 
     # -- called by durable state ---------------------------------------------------------------------------------
-    def take_acks(self) -> Acks:
-        """The messages to acknowledge now that the journal holds them (they are forgotten here)."""
-        acks, self.acks = self.acks, []
-        return acks
-
-    def hand_back(self, acks: Acks) -> None:
-        """Messages taken by :meth:`take_acks` whose sync failed: acknowledged after the next one, first."""
-        self.acks = acks + self.acks
-
-    def acked(self, acks: Acks, client: Any, connected: bool) -> None:
-        """PUBACKs of ``acks`` were queued on the link's current connection ``client`` (if ``connected``)."""
-        if connected and client is self.client:
-            self.table.acked([mid for c, mids in acks if c is client for mid in mids], self.sent)
-
-    def confirm(self, client: Any, connected: bool) -> None:
-        """Drop the entries whose acknowledgement the broker has (see stream.state.redelivery)."""
+    def confirm(self, connection: int, connected: bool) -> None:
+        """Drop the entries whose acknowledgement the broker has (see stream.state.redelivery); ``connection``: the
+        link's current one (``connected``: up)."""
         pubs = self.pubs
         while pubs and published(pubs[0][1]):
             self.confirmed = pubs.popleft()[0]
-        self.table.confirm(self.confirmed, connected=connected and client is self.client)
+        self.table.confirm(self.confirmed, connected=connected and connection == self.connection)

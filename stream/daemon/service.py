@@ -4,7 +4,8 @@ The lifecycle reads top to bottom in :meth:`Daemon.serve`: startup (key, metrics
 TaskGroup (MQTT link, the engine loop over the input source, period clock, status, accounting), drain on
 SIGTERM/SIGINT or end of input (stop intake, process what was accepted, close open periods, publish), shutdown. A
 second signal exits at once. The engine loop (:meth:`Daemon.intake_loop`) knows its input only as a
-:class:`~stream.daemon.source.Source` (stdin: stream/daemon/stdin.py); MQTT input still comes through the link.
+:class:`~stream.daemon.source.Source` (stdin: stream/daemon/stdin.py; MQTT: stream/daemon/mqtt_source.py, whose
+connection, the link, also publishes the releases).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from functools import partial
 from itertools import compress
 from pathlib import Path
@@ -51,6 +52,7 @@ from stream.core.sinks import PublishQueue, StdoutSink, encode_all, encode_relea
 from stream.core.ticking import PeriodClock
 from stream.daemon.durability import Durability
 from stream.daemon.heap import Heap
+from stream.daemon.mqtt_source import MqttSource
 from stream.daemon.phaselog import PhaseLog
 from stream.daemon.preflight import DataDirLocked, lock_data_dir, preflight
 from stream.daemon.source import Chunk, ChunkKind, Source, lines_of
@@ -93,7 +95,8 @@ class RateLimitedLog:
 
 class Daemon:
     """One running daemon. ``stdin``/``stdout``/``operator_factory`` can be replaced (tests), and so can the
-    input ``source`` of a daemon that reads stdin: any :class:`~stream.daemon.source.Source` of LINES chunks."""
+    input ``source`` of a daemon that reads stdin: any :class:`~stream.daemon.source.Source` (of LINES or ADDRESSED
+    chunks)."""
 
     def __init__(self, cfg: DaemonConfig, *, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None,
                  operator_factory: Callable[[str], Any] | None = None, install_signals: bool = True,
@@ -125,7 +128,7 @@ class Daemon:
         self.epsilon = cfg.release_epsilon
         self.pubq: PublishQueue | None = None
         self.link: MqttLink | None = None
-        self.source = source  # the input the engine loop takes chunks from (stdin), made at startup if not given
+        self.source = source  # the input the engine loop takes chunks from, made at startup if not given
         self.source_done = asyncio.Event()  # the engine loop has taken its source's last chunk
         self._signals = 0
         self.durable: Durability | None = None  # durable state ([state] data_dir), see stream/daemon/durability.py
@@ -215,14 +218,14 @@ class Daemon:
             self.pubq = PublishQueue(cfg.output.publish_queue)
             mqtt_out = "mqtt" in cfg.output.sinks
             # with durable state QoS 1 readings are acknowledged once journaled, and the broker's repeats dropped
+            repeats = durable.repeats if durable is not None else None
             self.link = MqttLink(
                 cfg.mqtt, topics=cfg.input.topics if cfg.input.source == "mqtt" else [], in_qos=cfg.input.qos,
-                out_qos=cfg.output.qos, pubq=self.pubq, metrics=m, on_messages=self.on_mqtt_messages,
-                max_batch=cfg.input.max_batch, inflight=cfg.output.inflight, max_queue=cfg.input.max_queue,
-                ack_timeout=cfg.mqtt.timeout, manual_ack=durable is not None,
-                repeats=durable.repeats if durable is not None else None)
-            if cfg.input.source == "mqtt":
-                self.topics = TopicRouter(cfg.input.topics)
+                out_qos=cfg.output.qos, pubq=self.pubq, metrics=m, max_batch=cfg.input.max_batch,
+                inflight=cfg.output.inflight, max_queue=cfg.input.max_queue, ack_timeout=cfg.mqtt.timeout,
+                repeats=repeats)
+            if cfg.input.source == "mqtt" and self.source is None:
+                self.source = MqttSource(self.link, TopicRouter(cfg.input.topics), repeats=repeats)
                 m.watch(m.incoming_queue, self.link.queue_depth)
             pubq = self.pubq
             m.watch(m.publish_queue, lambda: len(pubq))
@@ -380,17 +383,18 @@ class Daemon:
         rec.identity = self.identity
         return rec
 
-    def on_mqtt_messages(self, messages: list[Any]) -> None:
-        """Decode, validate and route a batch of MQTT messages, then process and emit.
+    def take_messages(self, names: Sequence[str | None], payloads: Sequence[bytes]) -> None:
+        """Decode, validate and route an ADDRESSED chunk's messages (``names[i]``: the stream ``payloads[i]`` was
+        addressed to, None if its topic names none), then process and emit.
 
         Nothing a message holds stops the daemon: a message whose handling raises is counted ``failed`` (and
         acknowledged with the others), the stream it touched is marked failed, the other streams go on."""
         now = time.time()
-        one = self.on_mqtt_message
+        one = self.take_message
         limit = self.cfg.input.max_payload_bytes  # once a batch, not once a reading
-        for m in messages:
+        for name, payload in zip(names, payloads, strict=True):
             try:
-                one(m, now, limit)
+                one(name, payload, now, limit)
             except OSError:  # the journal's disk: what a full disk does is decided there
                 raise
             except Exception as exc:
@@ -417,18 +421,14 @@ class Daemon:
         if self.heap is not None:  # after each batch too: the accounting loop waits while a long batch runs
             self.heap.tick()
 
-    def on_mqtt_message(self, m: Any, now: float, limit: int) -> None:
-        """One MQTT message: size (``limit``: ``[input] max_payload_bytes``), topic, decoding, stream, then its
-        readings into the router."""
+    def take_message(self, name: str | None, payload: bytes, now: float, limit: int) -> None:
+        """One addressed message: size (``limit``: ``[input] max_payload_bytes``), topic, decoding, stream, then
+        its readings into the router."""
         counts, router = self.msg_counts, self.router
-        payload = m.payload
-        if not isinstance(payload, bytes | bytearray):
-            payload = b"" if payload is None else str(payload).encode()
         if len(payload) > limit:
             counts["too_large"] += 1
             self.rejected("too_large", f"payload larger than max_payload_bytes = {limit}")
             return
-        name = self.topics.stream(m.topic.value)
         if name is None:
             counts["invalid_topic"] += 1
             self.rejected("invalid_topic", "topic matches no input pattern or names no valid stream")
@@ -744,16 +744,23 @@ class Daemon:
                 task.cancel()
 
     def take_chunk(self, chunk: Chunk, source: Source) -> None:
-        """One chunk of ``source`` into the intake: what the source refused is counted, the lines are taken, and the
-        chunk is acknowledged now, or with durable state once the journal holds what it carried."""
-        if chunk.kind != ChunkKind.LINES:
-            msg = f"the daemon takes LINES chunks from its source, not {chunk.kind.name}"
-            raise TypeError(msg)
-        too_large = chunk.refused.get("too_large", 0)
-        if too_large:
-            self.line_too_large(self.cfg.input.max_payload_bytes, too_large)
-        if chunk.data:
-            self.on_lines(lines_of(chunk))
+        """One chunk of ``source`` into the intake: what the source refused is counted, the lines or messages are
+        taken, the chunk's marks journaled after its readings, and the chunk is acknowledged now, or with durable
+        state once the journal holds what it carried (its readings and marks: one sync writes both)."""
+        if chunk.kind == ChunkKind.ADDRESSED:
+            if chunk.payloads:
+                self.take_messages(chunk.names, chunk.payloads)
+        else:
+            too_large = chunk.refused.get("too_large", 0)
+            if too_large:
+                self.line_too_large(self.cfg.input.max_payload_bytes, too_large)
+            if chunk.data:
+                self.on_lines(lines_of(chunk))
+        if chunk.marks:
+            if self.durable is None:
+                msg = "a chunk with journal marks needs durable state"
+                raise TypeError(msg)
+            self.durable.mark(chunk.marks)
         if chunk.ack is not None:
             if self.durable is None:
                 source.acknowledge([chunk.ack])

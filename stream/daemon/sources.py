@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import math
 import random
 import socket
 import ssl
-import struct
-import termios
-import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
@@ -33,60 +30,18 @@ from stream.core.errors import PayloadError
 from stream.core.metrics import Metrics
 from stream.core.payload import check_stream_name
 from stream.core.sinks import PublishQueue
+from stream.daemon.mqtt_paho import PahoSession, ReadAheadSocket, published
 
 if TYPE_CHECKING:
     from stream.daemon.repeats import RedeliveryFilter
 
 
-def _light_message_info() -> None:
-    """paho-mqtt makes an ``MQTTMessageInfo`` per publish, each with its own ``threading.Condition`` (about a quarter
-    of the daemon's time at QoS 1 in and out, one release per message). We never block on one (the publish loop
-    polls ``is_published``), so every info shares one condition, and ``_set_as_published`` wakes all its waiters,
-    each of which checks its own flag: ``wait_for_publish`` keeps its meaning for any other caller."""
-    from paho.mqtt import client as paho_client
-
-    cls = paho_client.MQTTMessageInfo
-    if getattr(cls, "_tops_light", False):
-        return
-    shared = threading.Condition()
-    ok = paho_client.MQTTErrorCode.MQTT_ERR_SUCCESS
-
-    def __init__(self: Any, mid: int) -> None:
-        self.mid = mid
-        self._published = False
-        self._condition = shared
-        self.rc = ok
-        self._iterpos = 0
-
-    def _set_as_published(self: Any) -> None:
-        with self._condition:
-            self._published = True
-            self._condition.notify_all()
-
-    cls.__init__ = __init__
-    cls._set_as_published = _set_as_published
-    cls._tops_light = True
-
-
-_light_message_info()
-
-
-def published(info: Any) -> bool:
-    """paho's ``is_published``, but False instead of an exception for a message that could not go out (paho raises
-    when its publish failed, e.g. the connection dropped while it was queued): it is then not confirmed, and is
-    published again after the reconnect like any other unconfirmed message."""
-    try:
-        return bool(info.is_published())
-    except (RuntimeError, ValueError):
-        return False
-
-__all__ = ["AckWatchdog", "MqttLink", "ReadAheadSocket", "TopicRouter", "backoff_delay"]
+__all__ = ["AckWatchdog", "Inbox", "MqttLink", "ReadAheadSocket", "Received", "TopicRouter", "backoff_delay",
+           "published"]
 
 log = logging.getLogger("tops.mqtt")
 
 Message = tuple[str, bytes, bool, int]  # topic, payload, retain, releases carried
-_PUBACK = 0x40  # MQTT control packet type PUBACK (as paho's PUBACK), remaining length 2, then the message id
-_PUBACK_HEAD = ((_PUBACK << 8) | 2) << 16
 
 
 def backoff_delay(attempt: int, low: float, high: float) -> float:
@@ -196,55 +151,6 @@ def _tls_context(settings: Any) -> ssl.SSLContext | None:
     return ctx
 
 
-class ReadAheadSocket:
-    """The broker socket as paho-mqtt sees it, reading ahead: paho reads a packet in three ``recv`` calls (type,
-    length, rest), one system call each; this takes what the kernel has in one call and serves paho from it.
-
-    ``pending()`` counts the bytes read ahead, so aiomqtt's reader callback keeps calling ``loop_read`` until they
-    are consumed (as it does for TLS sockets); everything else is the wrapped socket's."""
-
-    def __init__(self, sock: Any, chunk: int = 1 << 16) -> None:
-        self._sock = sock
-        self._chunk = chunk
-        self._data = b""
-        self._pos = 0
-        self.budget: int | None = None  # bytes the current reader callback may still take from the kernel
-
-    def recv(self, n: int) -> bytes:
-        data, pos = self._data, self._pos
-        if pos < len(data):
-            out = data[pos:pos + n]
-            self._pos = pos + len(out)
-            return out
-        budget = self.budget
-        if budget is not None:
-            if budget <= 0:  # this callback's share is used: paho keeps its partial packet, the loop runs others
-                raise BlockingIOError
-            self.budget = budget - self._chunk
-        data = self._sock.recv(max(n, self._chunk))  # BlockingIOError, TLS "want read", b"" at EOF: as they are
-        if len(data) <= n:
-            self._data, self._pos = b"", 0
-            return data
-        self._data, self._pos = data, n
-        return data[:n]
-
-    def pending(self) -> int:
-        inner = getattr(self._sock, "pending", None)
-        return len(self._data) - self._pos + (inner() if inner is not None else 0)
-
-    def buffered(self) -> int:
-        """Bytes read ahead and not yet served (no system call needed to serve them)."""
-        return len(self._data) - self._pos
-
-    def unread(self) -> int:
-        """Bytes received and not yet served: read ahead, decrypted ahead (TLS) and waiting in the kernel."""
-        waiting = struct.unpack("i", fcntl.ioctl(self._sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
-        return self.pending() + waiting
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
-
-
 class IncomingQueue(asyncio.Queue):  # type: ignore[type-arg]
     """The client's queue of received messages, bounded by ``bound`` for QoS 0.
 
@@ -275,6 +181,65 @@ class IncomingQueue(asyncio.Queue):  # type: ignore[type-arg]
         return item
 
 
+@dataclass(slots=True)
+class Received:
+    """Messages the link received, in order, handed to the input source (stream/daemon/mqtt_source.py) as one batch.
+
+    ``connection`` is the number of the connection they came on, while it is up: their QoS 1 messages are
+    acknowledged on it once taken. None: received on a connection that has ended, or left by a session the broker
+    lost (never acknowledged: there is no connection to acknowledge them on, and never filtered for repeats)."""
+
+    messages: list[aiomqtt.Message]
+    connection: int | None
+    arrival: float = field(default_factory=time.time)  # when the link handed them over
+
+
+class Inbox:
+    """The batches the link received and the input source has not taken yet: at most ``depth`` while intake runs
+    (the link waits for room, reading on: see :meth:`MqttLink._receive`), in order. What a connection leaves when it
+    ends is taken back by the link (:meth:`take_back`): it is settled like the rest of that connection's messages."""
+
+    def __init__(self, depth: int = 1) -> None:
+        self.depth = depth
+        self.batches: deque[Received] = deque()
+        self.ready = asyncio.Event()  # a batch came, or intake ended
+        self.emptied = asyncio.Event()  # there is room
+        self.emptied.set()
+        # the engine is not asking for a batch (it has not started, or has the last chunk made from this inbox and has
+        # not asked for the next): whenever the link runs meanwhile, the engine waits for room (for releases to
+        # leave, for the disk), not taking input
+        self.engine_waits = True
+
+    def put(self, received: Received) -> None:
+        if received.messages:
+            self.batches.append(received)
+            self.ready.set()
+            if len(self.batches) >= self.depth:
+                self.emptied.clear()
+
+    def take(self) -> Received | None:
+        """The oldest batch, or None."""
+        if not self.batches:
+            return None
+        received = self.batches.popleft()
+        if len(self.batches) < self.depth:
+            self.emptied.set()
+        return received
+
+    def full(self) -> bool:
+        return len(self.batches) >= self.depth
+
+    def take_back(self, connection: int | None) -> list[aiomqtt.Message]:
+        """The messages of ``connection``'s batches not taken yet (they leave the inbox, in order)."""
+        mine = [r for r in self.batches if r.connection == connection]
+        if not mine:
+            return []
+        self.batches = deque(r for r in self.batches if r.connection != connection)
+        if len(self.batches) < self.depth:
+            self.emptied.set()
+        return [m for r in mine for m in r.messages]
+
+
 READ_BUDGET = 1 << 16  # bytes one reader callback takes from the socket before the event loop runs the others
 PROBE_LOOK = 0.25  # seconds between looks at the probes (and between probes while the broker sends)
 PROBE_LIMIT = 8  # probes unanswered at a time (one lost is enough; aiomqtt warns above 10 pending requests)
@@ -284,28 +249,31 @@ PROBE_TOPIC = "tops/probe"  # never subscribed: unsubscribing it changes nothing
 class MqttLink:
     """The broker connection of the daemon; ``run()`` is its one long-lived task.
 
-    ``on_messages`` processes each batch received. With durable state the link is built with ``manual_ack`` (the
-    daemon acknowledges QoS 1 readings once the journal holds them) and a ``repeats`` filter, which the link tells
-    each connection's CONNACK, the DUP flag of each QoS 1 message, each message it publishes, and through which
-    each batch goes to ``on_messages`` (stream/daemon/repeats.py)."""
+    Each batch received goes into :attr:`inbox`, for the input source (stream/daemon/mqtt_source.py), which the
+    daemon's engine loop takes chunks from. QoS 1 messages are acknowledged only through :meth:`acknowledge` (the
+    engine's call once a chunk was taken, or with durable state once the journal holds it), never on receipt, so
+    that the broker holds what is not taken yet. With durable state the link is built with a ``repeats`` filter
+    (stream/daemon/repeats.py), which it tells each connection's CONNACK, the DUP flag of each QoS 1 message and
+    each message it publishes; the source filters each batch through it."""
 
     def __init__(self, settings: Any, *, topics: list[str], in_qos: int, out_qos: int, pubq: PublishQueue,
-                 metrics: Metrics, on_messages: Callable[[list[aiomqtt.Message]], None], max_batch: int,
-                 inflight: int, manual_ack: bool = False, max_queue: int = 10_000, ack_timeout: float = 10.0,
-                 repeats: RedeliveryFilter | None = None) -> None:
+                 metrics: Metrics, max_batch: int, inflight: int, max_queue: int = 10_000,
+                 ack_timeout: float = 10.0, repeats: RedeliveryFilter | None = None) -> None:
         self.settings = settings
         self.ack_timeout = ack_timeout  # seconds without an answer while one is awaited: reconnect
-        # True: the daemon acknowledges QoS 1 readings (ack(), after the journal); False: the link does, once
-        # they are processed. Either way never on receipt, so that the broker holds what is not taken yet.
-        self.manual_ack = manual_ack
         self.repeats = repeats
+        # two batches: the link gathers the next while the engine takes one (at one, each batch would cost two more
+        # event-loop passes, each reading up to READ_BUDGET: QoS 0 floods counted as overload half as often again)
+        self.inbox = Inbox(depth=2)
+        self.connection = 0  # the number of the current (or last) connection, from 1
         self.max_queue = max_queue
         self.overload = 0  # QoS 0 messages not taken (queue full), since the last take_overload()
         self._paused = False
         self._waiting_room = False  # intake waits for the publish queue: keep reading (acknowledgements)
-        self._reader: tuple[Any, Any] | None = None  # (client, socket) of the reader callback
+        self._reader: tuple[PahoSession, Any] | None = None  # (session, socket) of the reader callback
         self._reads = 0  # reader callbacks run (the broker sent something)
         self.client: aiomqtt.Client | None = None  # the current connection's client
+        self.session: PahoSession | None = None  # the same, with what aiomqtt offers no API for (mqtt_paho.py)
         self.session_present = False  # from the last CONNACK (manual acknowledgements only)
         self._backlog: list[aiomqtt.Message] = []
         self.topics = topics
@@ -313,7 +281,6 @@ class MqttLink:
         self.out_qos = out_qos
         self.pubq = pubq
         self.metrics = metrics
-        self.on_messages = on_messages
         self.max_batch = max_batch
         self.window = inflight
         self.queue: IncomingQueue | None = None
@@ -321,21 +288,25 @@ class MqttLink:
         self.published_releases = 0  # confirmed since the last take_published()
         self.confirmed = 0  # messages confirmed by the broker (the watchdog's evidence that it answers)
         self.connected = asyncio.Event()
-        self.intake_done = asyncio.Event()
+        self.intake_done = asyncio.Event()  # intake stopped, and everything received is in the inbox
         if not topics:
-            self.intake_done.set()
+            self._end_intake()
         self._stop_intake = False
         self._closing = False
         self._receiver: asyncio.Task[None] | None = None
 
     # -- control, called by the daemon ------------------------------------------------------------------
     def stop_intake(self) -> None:
-        """Stop receiving: unsubscribe, process what was received, then set ``intake_done``."""
+        """Stop receiving: unsubscribe, hand over what was received, then set ``intake_done``."""
         self._stop_intake = True
         if self._receiver is not None and not self._receiver.done():
             self._receiver.cancel()
         elif not self.connected.is_set():
-            self.intake_done.set()
+            self._end_intake()
+
+    def _end_intake(self) -> None:
+        self.intake_done.set()
+        self.inbox.ready.set()
 
     def close(self) -> None:
         """Finish publishing what is queued, then disconnect (``run()`` returns)."""
@@ -345,25 +316,16 @@ class MqttLink:
     def queue_depth(self) -> int:
         return self.queue.qsize() if self.queue is not None else 0
 
-    def ack(self, pending: list[tuple[Any, list[int]]]) -> int:
-        """Acknowledge received QoS 1 messages ``(client, mids)``; those of an earlier connection are skipped (the
-        broker redelivers them). Returns how many were acknowledged."""
-        client = self.client
-        if client is None or not self.connected.is_set():
-            return 0
-        paho = client._client  # private: paho-mqtt 2 manual acknowledgements (aiomqtt 2.x has no API for it)
-        mids = [mid for c, batch in pending if c is client for mid in batch]
-        if not mids:
-            return 0
-        queue = getattr(paho, "_packet_queue", None)
-        if queue is None or not getattr(paho, "_manual_ack", False):
-            for mid in mids:
-                paho.ack(mid, 1)
-        else:
-            # The PUBACKs paho's ack(mid, 1) would queue one by one (4 bytes each: 0x40, 2, mid), in their order,
-            # queued as one write (private: paho-mqtt 2's packet queue).
-            queue(_PUBACK, struct.pack(f"!{len(mids)}I", *[_PUBACK_HEAD | mid for mid in mids]), 0, 1)
-        return len(mids)
+    def acknowledge(self, acks: list[tuple[int | None, list[int]]]) -> list[int]:
+        """Acknowledge received QoS 1 messages ``(connection, mids)`` on the current connection: those of an earlier
+        one are skipped (the broker redelivers them to the session, or lost it). Returns the mids acknowledged."""
+        session, current = self.session, self.connection
+        if session is None or not self.connected.is_set():
+            return []
+        mids = [mid for c, batch in acks if c == current for mid in batch]
+        if mids:
+            session.acknowledge(mids)
+        return mids
 
     def take_published(self) -> int:
         n, self.published_releases = self.published_releases, 0
@@ -383,127 +345,94 @@ class MqttLink:
         return bool(self.topics) and self.in_qos >= 1
 
     # -- reading the socket: bounded work per callback, paused while QoS 1 messages fill the queue ---------------
-    def _install_reader(self, client: aiomqtt.Client) -> None:
-        paho = client._client  # private: paho-mqtt 2 / aiomqtt 2.x
-        aiomqtt_open = paho.on_socket_open
-        loop = asyncio.get_running_loop()
+    def _install_reader(self, session: PahoSession) -> None:
+        session.after_socket_opens(lambda sock: self._take_reader(session, sock))
 
-        def on_socket_open(c: Any, userdata: Any, sock: Any) -> None:
-            aiomqtt_open(c, userdata, sock)  # registers aiomqtt's reader callback and its keepalive task
-            loop.call_soon_threadsafe(self._take_reader, client, sock)  # runs after aiomqtt's add_reader
-
-        paho.on_socket_open = on_socket_open
-
-    def _take_reader(self, client: aiomqtt.Client, sock: Any) -> None:
+    def _take_reader(self, session: PahoSession, sock: Any) -> None:
         """Replace aiomqtt's reader callback (which reads as long as data keeps coming) with :meth:`_on_readable`."""
-        if client._client._sock is not sock:  # already closed
+        if not session.owns(sock):  # already closed
             return
         loop = asyncio.get_running_loop()
         loop.remove_reader(sock.fileno())
-        loop.add_reader(sock.fileno(), self._on_readable, client, sock)
-        self._reader, self._paused = (client, sock), False
+        loop.add_reader(sock.fileno(), self._on_readable, session, sock)
+        self._reader, self._paused = (session, sock), False
 
-    def _on_readable(self, client: aiomqtt.Client, sock: Any) -> None:
+    def _on_readable(self, session: PahoSession, sock: Any) -> None:
         """Read at most ``READ_BUDGET`` bytes from the kernel (plus what was read ahead), then let the loop run
         processing, acknowledgements, publishing and keepalive; stop reading while QoS 1 messages fill the queue."""
         q = self.queue
         if q is not None and q.qos1 >= self.max_queue and not (self._waiting_room or self._stop_intake):
             self._pause()
             return
-        paho = client._client
         self._reads += 1
         try:
             sock.budget = READ_BUDGET
             while True:
-                paho.loop_read()
+                session.read()
                 if sock.buffered() > 0 or (sock.budget > 0 and sock.pending() > 0):
                     continue
                 break
-            if sock.pending() > 0 and paho._sock is sock:  # TLS bytes decrypted ahead, which the selector misses
-                asyncio.get_running_loop().call_soon(self._on_readable, client, sock)
+            if sock.pending() > 0 and session.owns(sock):  # TLS bytes decrypted ahead, which the selector misses
+                asyncio.get_running_loop().call_soon(self._on_readable, session, sock)
         except Exception as exc:  # as aiomqtt's callback: a read error ends the connection
-            if not client._disconnected.done():
-                client._disconnected.set_exception(exc)
+            session.end(exc)
         finally:
             sock.budget = None
 
     def _pause(self) -> None:
         if self._reader is not None and not self._paused:
-            client, sock = self._reader
-            if client._client._sock is sock:
+            session, sock = self._reader
+            if session.owns(sock):
                 asyncio.get_running_loop().remove_reader(sock.fileno())
             self._paused = True
 
     def _resume(self) -> None:
         if self._paused and self._reader is not None:
             self._paused = False
-            client, sock = self._reader
-            if client._client._sock is sock:
+            session, sock = self._reader
+            if session.owns(sock):
                 loop = asyncio.get_running_loop()
-                loop.add_reader(sock.fileno(), self._on_readable, client, sock)
-                loop.call_soon(self._on_readable, client, sock)  # bytes read ahead: the selector does not see them
+                loop.add_reader(sock.fileno(), self._on_readable, session, sock)
+                loop.call_soon(self._on_readable, session, sock)  # bytes read ahead: the selector does not see them
 
     # -- the connection loop ----------------------------------------------------------------------------
-    def _client(self, queue: IncomingQueue) -> aiomqtt.Client:
+    def _session(self, queue: IncomingQueue) -> PahoSession:
         s = self.settings
         persistent = s.session == "persistent"
         client_id = s.client_id or (f"tops-{socket.gethostname()}" if persistent else None)
-        session: dict[str, Any] = {}
+        session_args: dict[str, Any] = {}
         if s.protocol == "5":
             props = Properties(PacketTypes.CONNECT)
             if persistent:
                 props.SessionExpiryInterval = s.session_expiry
-            session = {"protocol": aiomqtt.ProtocolVersion.V5, "clean_start": not persistent, "properties": props}
+            session_args = {"protocol": aiomqtt.ProtocolVersion.V5, "clean_start": not persistent,
+                            "properties": props}
         else:
-            session = {"clean_session": not persistent}
-        client = aiomqtt.Client(
-            s.host, s.port, username=s.username or None, password=s.password or None,
+            session_args = {"clean_session": not persistent}
+        session = PahoSession.make(
+            queue, manual_acks=self._acks_qos1,
+            hostname=s.host, port=s.port, username=s.username or None, password=s.password or None,
             identifier=client_id, keepalive=s.keepalive, timeout=s.timeout,
             tls_context=_tls_context(s), tls_insecure=s.tls_insecure if s.tls else None,
-            queue_type=lambda maxsize=0: queue,  # type: ignore[arg-type,misc]  # keep a handle on the queue
             # 0: no limit inside paho. The window is enforced by _publish (it never hands paho more than `window`
             # unconfirmed messages), and with a limit paho scans every in-flight message on each PUBACK.
-            max_inflight_messages=0, **session,
+            max_inflight_messages=0, **session_args,
         )
-        paho = client._client  # private: paho-mqtt 2 under aiomqtt 2.x
-        create_socket = paho._create_socket
-        paho._create_socket = lambda: ReadAheadSocket(create_socket())
-        packet_queue = paho._packet_queue
-
-        def queue_packet(command: int, packet: bytes | bytearray, mid: int, qos: int, info: Any = None) -> Any:
-            # paho writes the rest of a packet as packet[pos:], a copy on every partial write (quadratic for the
-            # large payloads of batched releases); a view of the same bytes is sliced without copying.
-            return packet_queue(command, memoryview(packet) if len(packet) > 4096 else packet, mid, qos, info)
-
-        paho._packet_queue = queue_packet
-        # Releases are published through paho directly (never aiomqtt's publish(), which waits on this callback):
-        # without it paho skips building a reason code and properties for every message written.
-        paho.on_publish = None
-        self._install_reader(client)
+        self._install_reader(session)
         acks_qos1, repeats = self._acks_qos1, self.repeats
-        if acks_qos1:
-            paho.manual_ack_set(True)  # private: paho-mqtt 2, before connecting
-        if acks_qos1 or repeats is not None:
-            aiomqtt_on_connect = paho.on_connect
+        connection = self.connection
+        if acks_qos1 or repeats is not None:  # aiomqtt 2.x drops the CONNACK's session-present flag
 
-            def on_connect(c: Any, userdata: Any, flags: Any, *args: Any) -> None:
+            def on_connack(session_present: bool) -> None:
                 if acks_qos1:
-                    self.session_present = bool(getattr(flags, "session_present", False))
-                aiomqtt_on_connect(c, userdata, flags, *args)
+                    self.session_present = session_present
                 if repeats is not None:
-                    repeats.connected(client, self.session_present)
+                    repeats.connected(connection, self.session_present)
 
-            paho.on_connect = on_connect  # aiomqtt 2.x drops the CONNACK's session-present flag
+            session.on_connack(on_connack)
         if repeats is not None:  # telling a repeat needs each QoS 1 message's DUP flag, which aiomqtt 2.x drops
-            deliver, dups = paho.on_message, repeats.dups
-
-            def on_message(c: Any, userdata: Any, msg: Any) -> None:
-                if msg.qos:
-                    (dups.add if msg.dup else dups.discard)(msg.mid)
-                deliver(c, userdata, msg)
-
-            paho.on_message = on_message
-        return client
+            session.on_dup_flags(repeats.dups)
+        return session
 
     async def run(self) -> None:
         """Connect, serve, and reconnect with backoff until ``close()`` has drained the publish queue."""
@@ -514,7 +443,9 @@ class MqttLink:
             if self.queue is not None:
                 self.overload += self.queue.overload
             self.queue = queue
-            client = self.client = self._client(queue)
+            self.connection += 1
+            session = self.session = self._session(queue)
+            client = self.client = session.client
             try:
                 async with client:
                     if ever_connected:
@@ -552,56 +483,42 @@ class MqttLink:
             log.info("%d unacknowledged messages of the last connection: the broker redelivers them", len(backlog))
             return
         log.warning("the broker lost the session: %d messages received before are processed now", len(backlog))
-        client, self.client = self.client, None  # their message ids belong to the old session: never acked
-        try:
-            for k in range(0, len(backlog), self.max_batch):
-                self._deliver(backlog[k:k + self.max_batch])
-        finally:
-            self.client = client
+        self._hand_over(backlog, None)  # their message ids belong to the old session: never acked
 
     def _after_connection(self, queue: IncomingQueue) -> None:
-        """Put unconfirmed messages back and process what was received before the connection ended."""
+        """Put unconfirmed messages back and hand over what was received before the connection ended (with what the
+        input source had not taken yet: settled the same way)."""
         pending = [item for info, item in self.inflight if not published(info)]
         self.published_releases += sum(item[3] for info, item in self.inflight if published(info))
         self.inflight.clear()
         self.pubq.requeue(pending)
+        left = self.inbox.take_back(self.connection)
+        while not queue.empty():
+            left.append(queue.get_nowait())
         if self._acks_qos1 and self.settings.session == "persistent":
             # QoS 1: not acknowledged, and no connection left to acknowledge them on: the broker redelivers them to
             # the session, so processing them now would count them twice. Kept until the next CONNACK says whether
             # the broker still has the session (if it lost it, they are processed then). QoS 0 messages are never
             # redelivered: processed now.
             now: list[aiomqtt.Message] = []
-            while not queue.empty():
-                m = queue.get_nowait()
+            for m in left:
                 (self._backlog if m.qos else now).append(m)
-            for k in range(0, len(now), self.max_batch):
-                self._deliver(now[k:k + self.max_batch])
+            self._hand_over(now, None)
         else:
-            self._drain(queue, None)
+            self._hand_over(left, None)
         if self._stop_intake:
-            self.intake_done.set()
+            self._end_intake()
 
-    def _deliver(self, batch: list[aiomqtt.Message]) -> None:
-        """Hand a batch to ``on_messages``, through the ``repeats`` filter if there is one."""
-        if self.repeats is None:
-            self.on_messages(batch)
-        else:
-            self.repeats.deliver(batch, self.client, self.on_messages)
+    def _hand_over(self, messages: list[aiomqtt.Message], connection: int | None) -> None:
+        """Into the inbox in batches of at most ``max_batch`` (whatever room there is: they were received)."""
+        for k in range(0, len(messages), self.max_batch):
+            self.inbox.put(Received(messages[k:k + self.max_batch], connection))
 
-    def _process(self, batch: list[aiomqtt.Message], client: aiomqtt.Client | None) -> None:
-        """Process a batch; without durable state its QoS 1 messages are acknowledged now (processed)."""
-        self._deliver(batch)
-        if client is not None and not self.manual_ack and self._acks_qos1:
-            mids = [m.mid for m in batch if m.qos]
-            if mids:
-                self.ack([(client, mids)])
-
-    def _drain(self, queue: IncomingQueue, client: aiomqtt.Client | None) -> None:
+    def _drain(self, queue: IncomingQueue, connection: int | None) -> None:
+        left = []
         while not queue.empty():
-            batch = []
-            while not queue.empty() and len(batch) < self.max_batch:
-                batch.append(queue.get_nowait())
-            self._process(batch, client)
+            left.append(queue.get_nowait())
+        self._hand_over(left, connection)
 
     async def _serve(self, client: aiomqtt.Client, queue: IncomingQueue) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -610,7 +527,7 @@ class MqttLink:
                     await client.subscribe(t, qos=self.in_qos)
                 self._receiver = tg.create_task(self._receive(client, queue), name="tops.mqtt.receive")
             else:
-                self.intake_done.set()
+                self._end_intake()
             watch = tg.create_task(self._watch(client), name="tops.mqtt.watch")
             tg.create_task(self._publish(client, watch), name="tops.mqtt.publish")
 
@@ -624,7 +541,8 @@ class MqttLink:
         show it. So while the broker sends, the daemon asks it for an answer every ``PROBE_LOOK`` s: an UNSUBSCRIBE
         of a topic it never subscribed (which changes nothing; each is answered by an UNSUBACK with its own packet
         id, unlike a PINGREQ, and leaves paho's keepalive alone)."""
-        disconnected = client._disconnected  # private (aiomqtt 2.x): raises MqttError when the link is lost
+        assert self.session is not None and self.session.client is client
+        disconnected = self.session.disconnected  # raises MqttError when the link is lost
         loop = asyncio.get_running_loop()
         watchdog = AckWatchdog(self.ack_timeout)
         probes: deque[asyncio.Future[None]] = deque()
@@ -674,24 +592,26 @@ class MqttLink:
 
     async def _receive(self, client: aiomqtt.Client, queue: IncomingQueue) -> None:
         messages = client.messages
-        pubq = self.pubq
+        inbox, connection = self.inbox, self.connection
         batch: list[aiomqtt.Message] = []
         try:
             while not self._stop_intake:
-                if not pubq.has_room():
-                    # Intake waits for the broker to take releases (nothing is dropped while connected). Reading
-                    # goes on (the broker's acknowledgements of releases come through the same socket): QoS 1
-                    # readings are not acknowledged meanwhile, so the broker holds them; QoS 0 past the queue's
-                    # bound are counted as overload.
-                    self._waiting_room = True
-                    self._resume()
+                while inbox.full():
+                    # The engine has not taken the last batch. If it waits for room (releases waiting for the
+                    # broker, a disk that refuses writes: the one point of backpressure), reading goes on (the
+                    # broker's acknowledgements of releases come through the same socket): QoS 1 readings are not
+                    # acknowledged meanwhile, so the broker holds them; QoS 0 past the queue's bound are counted as
+                    # overload. Else it is about to take it, and reading pauses while QoS 1 messages fill the queue.
+                    self._waiting_room = inbox.engine_waits
+                    if self._waiting_room:
+                        self._resume()
                     try:
-                        await pubq.wait_room()
+                        await inbox.emptied.wait()
                     finally:
                         self._waiting_room = False
                 batch = [await anext(messages)]
                 # The client reads a bounded amount per event-loop pass: let a few more passes run while messages
-                # keep coming, so that a step processes a batch (no waiting when the input is idle).
+                # keep coming, so that a step takes a batch (no waiting when the input is idle).
                 for _ in range(64):
                     while not queue.empty() and len(batch) < self.max_batch:
                         batch.append(queue.get_nowait())
@@ -700,25 +620,25 @@ class MqttLink:
                     await asyncio.sleep(0)
                     if queue.empty():
                         break
-                self._process(batch, client)
+                inbox.put(Received(batch, connection))
                 batch = []
                 if self._paused and queue.qos1 < self.max_queue:
                     self._resume()
         except asyncio.CancelledError:
-            if batch:  # taken from the queue: accepted, so processed whatever happens
-                self._process(batch, client)
+            if batch:  # taken from the queue: received, so handed over whatever happens
+                inbox.put(Received(batch, connection))
             if not self._stop_intake:
                 raise
-        # Stopping: no new messages, then process what the broker had already delivered. With manual
-        # acknowledgements and a persistent session the subscriptions stay (the broker queues readings while the
-        # daemon is down); what arrives from now on is neither processed nor acknowledged, so it is redelivered.
+        # Stopping: no new messages, then hand over what the broker had already delivered. With QoS 1 and a
+        # persistent session the subscriptions stay (the broker queues readings while the daemon is down); what
+        # arrives from now on is neither processed nor acknowledged, so it is redelivered.
         self._resume()  # the unsubscribe acknowledgement comes through the socket
         if not (self._acks_qos1 and self.settings.session == "persistent"):
             with contextlib.suppress(aiomqtt.MqttError):
                 for t in self.topics:
                     await client.unsubscribe(t)
-        self._drain(queue, client)
-        self.intake_done.set()
+        self._drain(queue, connection)
+        self._end_intake()
 
     def _give_up(self, what: str) -> None:
         """End a connection on which the broker answers nothing any more (``what`` went unanswered): the reconnect
@@ -736,15 +656,17 @@ class MqttLink:
             watch.cancel()
 
     async def _publish_loop(self, client: aiomqtt.Client) -> None:
-        paho = client._client  # private: publish without awaiting each confirmation (aiomqtt 2.x)
+        assert self.session is not None and self.session.client is client
+        publish = self.session.publish  # without awaiting each confirmation
+        connection = self.connection
         pubq, items, inflight, qos, repeats = self.pubq, self.pubq.items, self.inflight, self.out_qos, self.repeats
         while True:
             pubq.taken()  # read back what waits on disk, wake an intake waiting for room
             while items and len(inflight) < self.window:
                 item = items.popleft()
-                info = paho.publish(item[0], item[1], qos, item[2])
+                info = publish(item[0], item[1], qos, item[2])
                 if repeats is not None:  # the broker's confirmation of it: evidence that it has earlier PUBACKs
-                    repeats.published(client, info, qos)
+                    repeats.published(connection, info, qos)
                 if info.rc != 0:
                     items.appendleft(item)
                     msg = f"publish refused (code {info.rc})"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from stream.core.config import build_config
+from stream.daemon.mqtt_source import MqttSource
 from stream.daemon.service import Daemon
 from stream.daemon.source import Chunk, ChunkKind, Source, lines_of
 from stream.daemon.stdin import StdinSource
@@ -80,7 +81,7 @@ def _members(cls: type) -> dict[str, tuple[str, list[tuple[str, Any]]]]:
 def test_stdin_and_any_other_source_implement_every_member_of_the_source_interface() -> None:
     want = _members(Source)
     assert set(want) == {"__aenter__", "__aexit__", "chunks", "acknowledge", "stop_intake"}
-    for cls in (StdinSource, ListSource):
+    for cls in (StdinSource, MqttSource, ListSource):
         assert _members(cls) == want, cls.__name__
 
 

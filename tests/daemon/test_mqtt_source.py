@@ -69,20 +69,28 @@ def test_qos0_messages_received_before_a_lost_connection_are_processed_on_resume
 
     async def go() -> None:
         link = MqttLink(settings, topics=["meters/+/reading"], in_qos=1, out_qos=1, pubq=PublishQueue(10),
-                        metrics=Metrics(), on_messages=processed.extend, max_batch=7, inflight=10,
-                        manual_ack=True, max_queue=100)
+                        metrics=Metrics(), max_batch=7, inflight=10, max_queue=100)
+
+        def handed_over() -> None:  # what the input source takes from the link
+            while (received := link.inbox.take()) is not None:
+                assert received.connection is None  # an ended connection's: never acknowledged
+                processed.extend(received.messages)
+
         q = IncomingQueue(100)
         for i in range(40):
             q.put_nowait(aiomqtt.Message("meters/a/reading", str(i).encode(), i % 4 == 0, False, i + 1, None))
         link._after_connection(q)
+        handed_over()
         assert [int(m.payload) for m in processed] == [i for i in range(40) if i % 4]  # QoS 0: processed now
         link.session_present = True
         link._settle_backlog()  # the broker kept the session: it redelivers the 10 QoS 1 messages
+        handed_over()
         assert len(processed) == 30
         link._after_connection(IncomingQueue(100))
         link._backlog = [aiomqtt.Message("meters/a/reading", b"7", 1, False, 5, None)]
         link.session_present = False
         link._settle_backlog()  # the broker lost the session: processed now
+        handed_over()
         assert len(processed) == 31
 
     asyncio.run(go())
