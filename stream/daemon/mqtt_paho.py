@@ -19,7 +19,7 @@ module reaches into their internals for them, on the client instance it is given
 
 Every one of these is in :data:`PRIVATES` and checked by :func:`adapter_problems` against the installed packages
 (``tops run`` makes that check before it starts when MQTT is used; ``tests/daemon/test_mqtt_adapter_pins.py`` runs it
-too). The pins in pyproject.toml keep the versions in :data:`TESTED`'s series. The way out of this module: aiomqtt
+too). pyproject.toml pins exactly the versions in :data:`TESTED`. The way out of this module: aiomqtt
 pull request 346 for issue 345, or aiomqtt 3, which drops paho.
 """
 

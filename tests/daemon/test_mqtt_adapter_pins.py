@@ -79,3 +79,13 @@ def test_stdin_without_mqtt_does_not_look_at_paho(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": f"{shadow}{os.pathsep}{ROOT}"}
     r = tops_text("run", "--check", "--key-file", tmp_path / "master.key", env=env, timeout=60, stdin="")
     assert r.returncode == 0, r.stderr
+
+
+def test_pyproject_pins_exactly_the_versions_the_adapter_accepts() -> None:
+    """An install resolves to the versions ``tops run`` accepts: a range in pyproject.toml would let pip install a
+    version that the daemon then refuses."""
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for dist, version in mqtt_paho.TESTED.items():
+        assert [d for d in deps if d.startswith(dist)] == [f"{dist}=={version}"]
