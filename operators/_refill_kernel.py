@@ -35,7 +35,7 @@ import numba
 import numpy as np
 
 from operators._dlap_kernel import sample
-from operators.noise import Domain
+from operators.domains import Domain
 
 _M = np.uint64(0xFFFFFFFF)
 _GRID = 1024.0

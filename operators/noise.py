@@ -57,7 +57,6 @@ True
 
 from __future__ import annotations
 
-import enum
 import functools
 import math
 import os
@@ -67,6 +66,8 @@ from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+from operators.domains import Domain
 
 __all__ = [
     "KEY_BYTES",
@@ -81,18 +82,6 @@ KEY_BYTES = 32
 _WORDS_PER_BLOCK = 8  # a ChaCha20 block is 64 bytes
 _MAX_BLOCKS = 1 << 32  # 32-bit block counter in the nonce
 _U53 = 2.0**-53
-
-
-class Domain(enum.IntEnum):
-    """What a keystream is for; the high part of the 32-bit domain field of the nonce."""
-
-    HIERARCHY = 1  # node noise of the perturber; low 16 bits carry the layer
-    THRESHOLD = 2  # the threshold optimizer's draws (permute-and-flip, discrete Laplace)
-    LOCAL = 3  # randomizers of the local-DP mode
-    BASELINE = 4  # baselines and audits
-    CATEGORICAL = 5  # categorical streams (operators/categorical): low 16 bits carry the purpose
-    RANGES = 6  # range counting and count-of-counts (operators/ranges, operators/countofcounts): low bits the level
-    TRUNCATION = 7  # the holdout's excess above theta (operators/truncation.py)
 
 
 def new_key() -> bytes:
