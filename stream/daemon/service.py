@@ -46,8 +46,16 @@ from stream.core.errors import ConfigFileError, PayloadError, StartupError, Stre
 from stream.core.keys import KeyFileError, derive_stream_key, load_master_key, new_identity
 from stream.core.metrics import MESSAGE_RESULTS, Metrics
 from stream.core.payload import check_stream_name, decode_line, decode_payload_columns, decode_reports
-from stream.core.router import ReleaseBatch, Router, StreamRecord
-from stream.core.sinks import PublishQueue, StdoutSink, encode_all, encode_releases, encode_status, status_line
+from stream.core.router import ReleaseBatch, Releases, Router, StreamRecord
+from stream.core.sinks import (
+    PublishQueue,
+    StdoutSink,
+    encode_releases,
+    encode_status,
+    encode_step,
+    releases_in,
+    status_line,
+)
 from stream.core.ticking import PeriodClock
 from stream.daemon.durability import Durability
 from stream.daemon.heap import Heap
@@ -765,23 +773,17 @@ class Daemon:
         """Process the pending readings of every touched stream and emit the releases."""
         self.emit(self.router.flush())
 
-    def emit(self, batches: list[ReleaseBatch]) -> None:
+    def emit(self, batches: Releases | list[ReleaseBatch]) -> None:
         if self.durable is not None and self.durable.hold(batches):
             return  # released once the readings they come from are in the journal on disk
         eps = self.epsilon
         stdout, pubq = self.stdout, self.pubq if self.mqtt_out else None
         retain, as_array = self.cfg.output.retain, self.cfg.output.batch
         topic_of = self.output_topic
-        # every batch's lines to stdout in one write, not a write per stream
-        if pubq is None:
-            out = encode_all(batches, eps) if stdout is not None and batches else []
-        else:
-            out = []
+        if pubq is not None:
             reprs: dict[float, str] = {}  # the step's times and epsilon, formatted once
             for b in batches:
                 lines = encode_releases(b, eps, reprs)
-                if stdout is not None:
-                    out += lines
                 topic = topic_of(b.record.name)
                 if as_array:
                     pubq.put(topic, ("[" + ",".join(lines) + "]").encode(), retain, len(lines))
@@ -789,8 +791,10 @@ class Daemon:
                     for line in lines:
                         pubq.put(topic, line.encode(), retain, 1)
         if stdout is not None and batches:
+            # the status lines of streams first described here, then every release of the step, in one write
             heads = self.describe(batches)
-            self.stdout_written += stdout.write(heads + out if heads else out) - len(heads)
+            stdout.write_text("".join(line + "\n" for line in heads) + encode_step(batches, eps))
+            self.stdout_written += releases_in(batches)
             stdout.flush()
         status = self.router.status_now
         if status:
@@ -804,13 +808,18 @@ class Daemon:
             status.clear()
 
     @staticmethod
-    def describe(batches: list[ReleaseBatch]) -> list[str]:
+    def describe(batches: Releases | list[ReleaseBatch]) -> list[str]:
         """The status lines that go to stdout before the releases of ``batches``: one for each releasing numeric
         stream whose first release in this run's output is among them (``stream.core.sinks.status_line``), so that
         a file of releases says what they mean without a retained message."""
         lines = []
-        for b in batches:
-            rec = b.record
+        if isinstance(batches, Releases):  # the rows' streams read without making their batches
+            rows = batches.rows
+            new = [rec for rec in rows.records if not rec.described] if rows is not None else []
+            new += [b.record for b in batches.others if not b.record.described]
+        else:
+            new = [b.record for b in batches if not b.record.described]
+        for rec in new:
             if not rec.described:
                 rec.described = True
                 line = status_line(rec)
