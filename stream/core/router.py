@@ -127,6 +127,15 @@ class RowReleases:
     def __len__(self) -> int:
         return len(self.records)
 
+    @staticmethod
+    def joined(parts: list[RowReleases]) -> RowReleases | None:
+        """The releases of ``parts`` one after another (None: no part)."""
+        if len(parts) < 2:
+            return parts[0] if parts else None
+        return RowReleases([rec for p in parts for rec in p.records],
+                           *(np.concatenate([getattr(p, f) for p in parts])
+                             for f in ("first_tick", "counts", "ts", "values", "theta")))
+
     def batches(self) -> list[ReleaseBatch]:
         """The same releases as a :class:`ReleaseBatch` a stream (what consumers that take batches read)."""
         ts, values = self.ts.tolist(), self.values.tolist()
@@ -232,6 +241,7 @@ class Router:
         # together in one compiled pass per flush (operators/columnar_holdout.py); None: not used
         self.holdouts: dict[Any, ColumnarHoldout] | None = None
         self._holdout_of: dict[int, ColumnarHoldout] = {}  # id of a configuration object -> its columnar holdout
+        self._released: list[RowReleases] = []  # releases of rows made before the step's flush (add_values)
 
     def use_columns(self, capacity: int = 1024, ahead: int = 16, *, rows: ColumnarRelease | None = None) -> None:
         """Keep releasing ToPS streams (Recent smoother, lower = 0) as rows of one columnar store from now on, each
@@ -470,11 +480,26 @@ class Router:
 
     def add_values(self, recs: list[StreamRecord], values: list[float], now: float) -> list[int]:
         """:meth:`add` for readings without ts and seq of many streams at once (the ``stream,value`` lines of a stdin
-        chunk, in their order), in mode ``reading``: each appended to its stream's pending readings, without a call
-        per reading. Returns the indexes it left for :meth:`add` (a failed stream, periods, a local holdout that
-        takes reports): those streams' readings, in their order; every other reading was accepted."""
+        chunk, in their order), in mode ``reading``. The readings of release rows with nothing pending are released at
+        once, together (:meth:`_release_now`); every other reading is appended to its stream's pending readings,
+        without a call per reading. Returns the indexes it left for :meth:`add` (a failed stream, periods, a local
+        holdout that takes reports): those streams' readings, in their order; every other reading was accepted."""
         if self.clock is not None:
             return list(range(len(recs)))
+        if self.pool is not None:
+            now_rows = [type(rec.operator) is RowOperator and rec.pending is None and not rec.failed for rec in recs]
+            if all(now_rows):
+                self._release_now(recs, values, now)
+                return []
+            if any(now_rows):
+                self._release_now(list(compress(recs, now_rows)), list(compress(values, now_rows)), now)
+                others = [i for i, row in enumerate(now_rows) if not row]
+                left = self._add_pending([recs[i] for i in others], [values[i] for i in others], now)
+                return [others[i] for i in left]
+        return self._add_pending(recs, values, now)
+
+    def _add_pending(self, recs: list[StreamRecord], values: list[float], now: float) -> list[int]:
+        """Each reading appended to its stream's pending readings (:meth:`add_values`)."""
         left: list[int] = []
         dirty, seen = self.dirty, self.seen
         mono = time.monotonic()
@@ -496,6 +521,48 @@ class Router:
             taken += 1
         self.counts["ok"] += taken
         return left
+
+    def _release_now(self, recs: list[StreamRecord], values: list[float], now: float) -> None:
+        """Readings (``values[i]`` of ``recs[i]``, received at ``now``) of streams that are release rows with nothing
+        pending, released in one compiled pass in their order (each stream's readings in its order, as its own
+        ``process`` takes them: operators/columnar.py); the releases wait for the step's :meth:`flush`, as columns,
+        streams in the order of their first reading. A pass that raises fails its streams only."""
+        t0 = time.perf_counter()
+        pool = self.pool
+        assert pool is not None
+        n = len(recs)
+        rows = np.fromiter((rec.operator.row for rec in recs), dtype=np.int64, count=n)
+        # the streams in the order of their first reading, and the readings grouped by stream in that order
+        distinct, first, inverse, counts = np.unique(rows, return_index=True, return_inverse=True, return_counts=True)
+        by_first = np.argsort(first, kind="stable")
+        rank = np.empty_like(by_first)
+        rank[by_first] = np.arange(by_first.size)
+        grouped = np.argsort(rank[inverse.reshape(-1)], kind="stable")
+        streams = [recs[i] for i in first[by_first].tolist()]
+        counts = counts[by_first]
+        self.counts["ok"] += n
+        try:
+            # readings were validated on intake (finite numbers) and the rows belong to live records
+            released = pool.process(rows, np.array(values, dtype=np.float64), checked=True)
+        except Exception as exc:  # a bug: the streams of this pass fail (their rows may have moved), no other
+            for rec, k in zip(streams, counts.tolist(), strict=True):
+                self.fail(rec, f"operator failed ({type(exc).__name__}); {k} ticks not released")
+            return
+        ticks = np.empty(len(streams), dtype=np.int64)
+        mono = time.monotonic()
+        seen = self.seen
+        for j, (rec, k) in enumerate(zip(streams, counts.tolist(), strict=True)):
+            ticks[j] = t = rec.ticks
+            rec.ticks = t + k
+            rec.last_seen = mono
+            if seen is not None:
+                self._seen_now(rec)
+        rows = distinct[by_first]
+        self._released.append(RowReleases(streams, ticks, counts.astype(np.int64), np.full(n, float(now)),
+                                          released[grouped], pool.theta[rows] * pool.resolution[rows]))
+        self.ticks_processed += n
+        self.ticks_total += n
+        self.latencies.append(time.perf_counter() - t0)
 
     def _holdout_report(self, rec: StreamRecord, value: float, seq: int | None) -> None:
         """Local mode: a holdout report feeds the threshold estimate directly; it is not a tick."""
@@ -639,7 +706,12 @@ class Router:
         if self.holdouts:
             self._holdout_rows()
         self._holdout_ends()
-        rows = self._release_rows() if self.pool is not None else None  # their streams' pending readings taken
+        if self.pool is not None:  # the rows' releases: those of add_values, then those of pending readings
+            late = self._release_rows()
+            parts, self._released = self._released, []
+            rows = RowReleases.joined([*parts, late] if late is not None else parts)
+        else:
+            rows = None
         for rec in self.dirty.values():
             if rec.pending:
                 values, ts = rec.pending, rec.pending_ts

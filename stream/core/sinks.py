@@ -9,6 +9,7 @@ import math
 import sys
 from collections import deque
 from collections.abc import Iterable
+from json.encoder import encode_basestring_ascii  # json.dumps of a str, without its checks
 from typing import IO, Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from stream.core import _release_text as text
 from stream.core.router import ReleaseBatch, Releases, RowReleases, StreamRecord
 
 __all__ = ["PublishQueue", "StdoutSink", "encode_all", "encode_release_rows", "encode_releases", "encode_status",
-           "encode_step", "release_params", "releases_in", "status_line"]
+           "encode_step", "release_params", "releases_in", "status_line", "status_lines"]
 
 
 def encode_releases(batch: ReleaseBatch, epsilon: float, reprs: dict[float, str] | None = None) -> list[str]:
@@ -199,6 +200,32 @@ def status_line(rec: StreamRecord) -> str | None:
     if rec.phase != "releasing" or not _has_params(rec.operator):
         return None
     return _status_json(rec)
+
+
+def status_lines(recs: list[StreamRecord]) -> list[str | None]:
+    """:func:`status_line` of each of ``recs``, character for character; the status of a stream that is a release row
+    (the common one) is written without building its status object first (its name's JSON is the record's, its
+    theta, identity and generation formatted as the JSON encoder formats them)."""
+    out: list[str | None] = []
+    for rec in recs:
+        op = rec.operator
+        if type(op) is not RowOperator or rec.failed or type(rec.generation) is not int \
+                or type(rec.identity) is not str:
+            out.append(status_line(rec))
+            continue
+        pool, r = op.pool, op.row
+        cfg = pool.configs[int(pool.config[r])]
+        theta_units = int(pool.theta[r])
+        theta = cfg.lower + theta_units * cfg.resolution
+        if theta != theta or theta in (math.inf, -math.inf):  # what the JSON encoder spells its own way
+            out.append(status_line(rec))
+            continue
+        who = f',"identity":{encode_basestring_ascii(rec.identity)},"generation":{rec.generation}' \
+            if rec.identity else ""
+        own = _compact_json(stream_params(cfg, theta_units, rec.error_stats))
+        out.append(f'{{"stream":{rec.name_json},"phase":"releasing","theta":{float(theta)!r}{who},'
+                   f'"params":{{{_template_json(cfg, int(pool.layers_kept[r]))},{own[1:]}}}')
+    return out
 
 
 def _has_params(op: Any) -> bool:
