@@ -531,7 +531,7 @@ class Router:
         pool = self.pool
         assert pool is not None
         n = len(recs)
-        rows = np.fromiter((rec.operator.row for rec in recs), dtype=np.int64, count=n)
+        rows = np.array([rec.operator.row for rec in recs], dtype=np.int64)
         # the streams in the order of their first reading, and the readings grouped by stream in that order
         distinct, first, inverse, counts = np.unique(rows, return_index=True, return_inverse=True, return_counts=True)
         by_first = np.argsort(first, kind="stable")
