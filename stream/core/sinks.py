@@ -420,11 +420,6 @@ class StdoutSink:
     def __init__(self, out: IO[str] | None = None) -> None:
         self.out = out if out is not None else sys.stdout
 
-    def write(self, lines: list[str]) -> int:
-        if lines:
-            self.out.write("\n".join(lines) + "\n")
-        return len(lines)
-
     def write_text(self, lines: str) -> None:
         """Lines already joined, each followed by a newline."""
         if lines:
