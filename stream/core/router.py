@@ -484,7 +484,7 @@ class Router:
         once, together (:meth:`_release_now`); every other reading is appended to its stream's pending readings,
         without a call per reading. Returns the indexes it left for :meth:`add` (a failed stream, periods, a local
         holdout that takes reports): those streams' readings, in their order; every other reading was accepted."""
-        if self.clock is not None:
+        if self.clock is not None or not recs:
             return list(range(len(recs)))
         if self.pool is not None:
             now_rows = [type(rec.operator) is RowOperator and rec.pending is None and not rec.failed for rec in recs]
