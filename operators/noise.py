@@ -104,9 +104,9 @@ class DiscreteLaplace:
         # (plain ints and floats only: True == 1 and 1 == 1.0 are equal keys, and a bool must still be refused)
         done = (_DL_PARAMETERS.get((epsilon, sensitivity))
                 if type(epsilon) in _PLAIN and type(sensitivity) in _PLAIN else None)
-        if done is not None:
-            for name, value in zip(self.__slots__, done, strict=True):
-                setattr(self, name, value)
+        if done is not None:  # in the order of __slots__
+            (self.a, self.effective_epsilon, self.epsilon, self.log2_t, self.q, self.r, self.s, self.scale,
+             self.scale_fraction, self.sensitivity) = done
             return
         if not _positive_finite(epsilon) or not _positive_finite(sensitivity):
             msg = "epsilon and sensitivity must be positive finite numbers"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
 from json.encoder import encode_basestring_ascii  # json.dumps of a str, without its checks
@@ -43,7 +43,7 @@ from operators.tops import ToPS, choose_ends
 from stream.core.errors import StreamCapError
 from stream.core.ticking import CategoryBins, PeriodBins, PeriodClock
 
-__all__ = ["ReleaseBatch", "Router", "StreamMaker", "StreamRecord"]
+__all__ = ["ReleaseBatch", "Releases", "Router", "RowReleases", "StreamMaker", "StreamRecord"]
 
 log = logging.getLogger("tops.router")
 
@@ -109,6 +109,70 @@ class ReleaseBatch:
     ts: list[float]
     values: list[float]
     theta: float
+
+
+@dataclass(slots=True)
+class RowReleases:
+    """The releases of release rows from one processing step, as columns: stream ``i`` (``records[i]``, with theta
+    ``theta[i]``) released ``counts[i]`` ticks from ``first_tick[i]`` on, and they are the next ``counts[i]`` entries
+    of ``ts`` and ``values`` (streams one after another, each in tick order)."""
+
+    records: list[StreamRecord]
+    first_tick: np.ndarray  # int64, per stream
+    counts: np.ndarray  # int64, per stream
+    ts: np.ndarray  # float64, per release
+    values: np.ndarray  # float64, per release
+    theta: np.ndarray  # float64, per stream
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @staticmethod
+    def joined(parts: list[RowReleases]) -> RowReleases | None:
+        """The releases of ``parts`` one after another (None: no part)."""
+        if len(parts) < 2:
+            return parts[0] if parts else None
+        return RowReleases([rec for p in parts for rec in p.records],
+                           *(np.concatenate([getattr(p, f) for p in parts])
+                             for f in ("first_tick", "counts", "ts", "values", "theta")))
+
+    def batches(self) -> list[ReleaseBatch]:
+        """The same releases as a :class:`ReleaseBatch` a stream (what consumers that take batches read)."""
+        ts, values = self.ts.tolist(), self.values.tolist()
+        out, at = [], 0
+        for rec, t, n, theta in zip(self.records, self.first_tick.tolist(), self.counts.tolist(),
+                                    self.theta.tolist(), strict=True):
+            out.append(ReleaseBatch(rec, [t] if n == 1 else list(range(t, t + n)), ts[at:at + n], values[at:at + n],
+                                    theta))
+            at += n
+        return out
+
+
+class Releases(Sequence[ReleaseBatch]):
+    """One processing step's releases: those of release rows as columns (``rows``, written in bulk by the stdout
+    sink), then the others as a :class:`ReleaseBatch` a stream (``others``). Read as a sequence, it is every stream's
+    batch in that order (made from the columns when first read so)."""
+
+    __slots__ = ("_all", "others", "rows")
+
+    def __init__(self, rows: RowReleases | None = None, others: list[ReleaseBatch] | None = None) -> None:
+        self.rows = rows
+        self.others = others if others is not None else []
+        self._all: list[ReleaseBatch] | None = None
+
+    def _batches(self) -> list[ReleaseBatch]:
+        if self._all is None:
+            self._all = (self.rows.batches() if self.rows is not None else []) + self.others
+        return self._all
+
+    def __len__(self) -> int:
+        return (len(self.rows) if self.rows is not None else 0) + len(self.others)
+
+    def __iter__(self) -> Iterator[ReleaseBatch]:
+        return iter(self._batches())
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        return self._batches()[i]
 
 
 def _by_store(recs: Iterable[StreamRecord]) -> list[tuple[Any, list[StreamRecord]]]:
@@ -177,6 +241,7 @@ class Router:
         # together in one compiled pass per flush (operators/columnar_holdout.py); None: not used
         self.holdouts: dict[Any, ColumnarHoldout] | None = None
         self._holdout_of: dict[int, ColumnarHoldout] = {}  # id of a configuration object -> its columnar holdout
+        self._released: list[RowReleases] = []  # releases of rows made before the step's flush (add_values)
 
     def use_columns(self, capacity: int = 1024, ahead: int = 16, *, rows: ColumnarRelease | None = None) -> None:
         """Keep releasing ToPS streams (Recent smoother, lower = 0) as rows of one columnar store from now on, each
@@ -415,11 +480,26 @@ class Router:
 
     def add_values(self, recs: list[StreamRecord], values: list[float], now: float) -> list[int]:
         """:meth:`add` for readings without ts and seq of many streams at once (the ``stream,value`` lines of a stdin
-        chunk, in their order), in mode ``reading``: each appended to its stream's pending readings, without a call
-        per reading. Returns the indexes it left for :meth:`add` (a failed stream, periods, a local holdout that
-        takes reports): those streams' readings, in their order; every other reading was accepted."""
-        if self.clock is not None:
+        chunk, in their order), in mode ``reading``. The readings of release rows with nothing pending are released at
+        once, together (:meth:`_release_now`); every other reading is appended to its stream's pending readings,
+        without a call per reading. Returns the indexes it left for :meth:`add` (a failed stream, periods, a local
+        holdout that takes reports): those streams' readings, in their order; every other reading was accepted."""
+        if self.clock is not None or not recs:
             return list(range(len(recs)))
+        if self.pool is not None:
+            now_rows = [type(rec.operator) is RowOperator and rec.pending is None and not rec.failed for rec in recs]
+            if all(now_rows):
+                self._release_now(recs, values, now)
+                return []
+            if any(now_rows):
+                self._release_now(list(compress(recs, now_rows)), list(compress(values, now_rows)), now)
+                others = [i for i, row in enumerate(now_rows) if not row]
+                left = self._add_pending([recs[i] for i in others], [values[i] for i in others], now)
+                return [others[i] for i in left]
+        return self._add_pending(recs, values, now)
+
+    def _add_pending(self, recs: list[StreamRecord], values: list[float], now: float) -> list[int]:
+        """Each reading appended to its stream's pending readings (:meth:`add_values`)."""
         left: list[int] = []
         dirty, seen = self.dirty, self.seen
         mono = time.monotonic()
@@ -441,6 +521,48 @@ class Router:
             taken += 1
         self.counts["ok"] += taken
         return left
+
+    def _release_now(self, recs: list[StreamRecord], values: list[float], now: float) -> None:
+        """Readings (``values[i]`` of ``recs[i]``, received at ``now``) of streams that are release rows with nothing
+        pending, released in one compiled pass in their order (each stream's readings in its order, as its own
+        ``process`` takes them: operators/columnar.py); the releases wait for the step's :meth:`flush`, as columns,
+        streams in the order of their first reading. A pass that raises fails its streams only."""
+        t0 = time.perf_counter()
+        pool = self.pool
+        assert pool is not None
+        n = len(recs)
+        rows = np.array([rec.operator.row for rec in recs], dtype=np.int64)
+        # the streams in the order of their first reading, and the readings grouped by stream in that order
+        distinct, first, inverse, counts = np.unique(rows, return_index=True, return_inverse=True, return_counts=True)
+        by_first = np.argsort(first, kind="stable")
+        rank = np.empty_like(by_first)
+        rank[by_first] = np.arange(by_first.size)
+        grouped = np.argsort(rank[inverse.reshape(-1)], kind="stable")
+        streams = [recs[i] for i in first[by_first].tolist()]
+        counts = counts[by_first]
+        self.counts["ok"] += n
+        try:
+            # readings were validated on intake (finite numbers) and the rows belong to live records
+            released = pool.process(rows, np.array(values, dtype=np.float64), checked=True)
+        except Exception as exc:  # a bug: the streams of this pass fail (their rows may have moved), no other
+            for rec, k in zip(streams, counts.tolist(), strict=True):
+                self.fail(rec, f"operator failed ({type(exc).__name__}); {k} ticks not released")
+            return
+        ticks = np.empty(len(streams), dtype=np.int64)
+        mono = time.monotonic()
+        seen = self.seen
+        for j, (rec, k) in enumerate(zip(streams, counts.tolist(), strict=True)):
+            ticks[j] = t = rec.ticks
+            rec.ticks = t + k
+            rec.last_seen = mono
+            if seen is not None:
+                self._seen_now(rec)
+        rows = distinct[by_first]
+        self._released.append(RowReleases(streams, ticks, counts.astype(np.int64), np.full(n, float(now)),
+                                          released[grouped], pool.theta[rows] * pool.resolution[rows]))
+        self.ticks_processed += n
+        self.ticks_total += n
+        self.latencies.append(time.perf_counter() - t0)
 
     def _holdout_report(self, rec: StreamRecord, value: float, seq: int | None) -> None:
         """Local mode: a holdout report feeds the threshold estimate directly; it is not a tick."""
@@ -575,17 +697,21 @@ class Router:
         if self.status_pending is not None:
             self.status_pending.add(rec.name)
 
-    def flush(self) -> list[ReleaseBatch]:
+    def flush(self) -> Releases:
         """Process the pending readings of every stream that has some (mode ``reading``)."""
         out: list[ReleaseBatch] = []
         if self.clock is not None:
             self.dirty.clear()
-            return out
+            return Releases()
         if self.holdouts:
             self._holdout_rows()
         self._holdout_ends()
-        if self.pool is not None:
-            out = self._release_rows()  # the rows' releases (their streams' pending readings taken)
+        if self.pool is not None:  # the rows' releases: those of add_values, then those of pending readings
+            late = self._release_rows()
+            parts, self._released = self._released, []
+            rows = RowReleases.joined([*parts, late] if late is not None else parts)
+        else:
+            rows = None
         for rec in self.dirty.values():
             if rec.pending:
                 values, ts = rec.pending, rec.pending_ts
@@ -595,7 +721,7 @@ class Router:
                 if b is not None:
                     out.append(b)
         self.dirty.clear()
-        return out
+        return Releases(rows, out)
 
     def _holdout_rows(self) -> None:
         """The pending readings of every dirty stream that is a holdout row and stays inside its holdout, counted in
@@ -775,46 +901,45 @@ class Router:
                 self._started(rec)
         return back
 
-    def _release_rows(self) -> list[ReleaseBatch]:
+    def _release_rows(self) -> RowReleases | None:
         """The pending readings of every dirty stream that is a row, released in one compiled pass (the same
         releases, stream by stream, as each stream's own ``process``: operators/columnar.py), with each stream's
-        theta (``RowOperator.theta``: a row has no lower bound, so ``theta_units * resolution``): a release batch a
-        stream, its pending readings taken."""
+        theta (``RowOperator.theta``: a row has no lower bound, so ``theta_units * resolution``): the releases as
+        columns, streams in their dirty order, their pending readings taken."""
         pool = self.pool
         assert pool is not None
         recs = [rec for rec in self.dirty.values() if rec.pending and type(rec.operator) is RowOperator]
         if not recs:
-            return []
+            return None
         t0 = time.perf_counter()
         lengths = [len(rec.pending) for rec in recs]  # type: ignore[arg-type]
         row_of = np.array([rec.operator.row for rec in recs], dtype=np.int64)
         if len(recs) == sum(lengths):  # one reading each (the common step)
             rows = row_of
             values = np.array([rec.pending[0] for rec in recs], dtype=np.float64)  # type: ignore[index]
+            ts = np.array([rec.pending_ts[0] for rec in recs], dtype=np.float64)  # type: ignore[index]
         else:
             rows = np.repeat(row_of, lengths)
             values = np.array([v for rec in recs for v in rec.pending], dtype=np.float64)  # type: ignore[union-attr]
-        thetas = (pool.theta[row_of] * pool.resolution[row_of]).tolist()
-        out: list[ReleaseBatch] = []
+            ts = np.array([t for rec in recs for t in rec.pending_ts], dtype=np.float64)  # type: ignore[union-attr]
+        thetas = pool.theta[row_of] * pool.resolution[row_of]
         try:
             # readings were validated on intake (finite numbers) and the rows belong to live records
-            released = pool.process(rows, values, checked=True).tolist()
+            released = pool.process(rows, values, checked=True)
         except Exception as exc:  # a bug: the streams of this pass fail (their rows may have moved), no other
             for rec in recs:
                 self.fail(rec, f"operator failed ({type(exc).__name__}); {len(rec.pending)} ticks not released")
-            return out
-        at = 0
-        for rec, n, theta in zip(recs, lengths, thetas, strict=True):
-            t = rec.ticks
-            out.append(ReleaseBatch(rec, [t] if n == 1 else list(range(t, t + n)), rec.pending_ts,  # type: ignore[arg-type]
-                                    released[at : at + n], theta))
+            return None
+        first = np.empty(len(recs), dtype=np.int64)
+        for i, (rec, n) in enumerate(zip(recs, lengths, strict=True)):
+            first[i] = t = rec.ticks
             rec.pending = rec.pending_ts = None
-            at += n
             rec.ticks = t + n
-        self.ticks_processed += at
-        self.ticks_total += at
+        n = int(values.size)
+        self.ticks_processed += n
+        self.ticks_total += n
         self.latencies.append(time.perf_counter() - t0)
-        return out
+        return RowReleases(recs, first, np.array(lengths, dtype=np.int64), ts, released, thetas.astype(np.float64))
 
     def close_periods(self, now: float, final: bool = False) -> list[ReleaseBatch]:
         """Close every period that is due at ``now`` (``final``: also the open ones, at shutdown)."""

@@ -9,7 +9,10 @@ import math
 import sys
 from collections import deque
 from collections.abc import Iterable
+from json.encoder import encode_basestring_ascii  # json.dumps of a str, without its checks
 from typing import IO, Any
+
+import numpy as np
 
 from operators.columnar import RowOperator
 from operators.config import SMOOTHERS, ToPSConfig
@@ -17,10 +20,11 @@ from operators.error_stats import status as error_stats_status
 from operators.selection import BUDGET_SPLIT, _dlap_noise
 from operators.topl_server import LocalServer
 from operators.tops import ToPS, choice_epsilon
-from stream.core.router import ReleaseBatch, StreamRecord
+from stream.core import _release_text as text
+from stream.core.router import ReleaseBatch, Releases, RowReleases, StreamRecord
 
-__all__ = ["PublishQueue", "StdoutSink", "encode_all", "encode_releases", "encode_status", "release_params",
-           "status_line"]
+__all__ = ["PublishQueue", "StdoutSink", "encode_all", "encode_release_rows", "encode_releases", "encode_status",
+           "encode_step", "release_params", "releases_in", "status_line", "status_lines"]
 
 
 def encode_releases(batch: ReleaseBatch, epsilon: float, reprs: dict[float, str] | None = None) -> list[str]:
@@ -100,6 +104,83 @@ def encode_all(batches: list[ReleaseBatch], epsilon: float) -> list[str]:
     return out
 
 
+def _distinct_texts(x: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """The ``repr`` of each distinct float of ``x`` (told apart by their bits: -0.0 is not 0.0), and the index of
+    each element's text."""
+    bits, which = np.unique(x.view(np.int64), return_inverse=True)
+    return [repr(v) for v in bits.view(np.float64).tolist()], which.reshape(-1)
+
+
+def _off_grid_texts(x: np.ndarray, first: int) -> tuple[list[str], np.ndarray]:
+    """The ``repr`` of each element of ``x`` the compiled encoder does not write itself (``on_grid``), and each
+    element's text index (from ``first`` on; -1: on the grid)."""
+    off = np.flatnonzero(~text.on_grid(x))
+    which = np.full(x.size, -1, dtype=np.int64)
+    which[off] = np.arange(first, first + off.size, dtype=np.int64)
+    return [repr(v) for v in x[off].tolist()], which
+
+
+def encode_release_rows(rows: RowReleases, epsilon: float) -> str:
+    """Every line of ``rows`` (each followed by a newline), in one buffer written by a compiled pass
+    (stream/core/_release_text.py): the text :func:`encode_releases` writes for each stream's batch, character for
+    character. Values and thetas on the release grid are written by that pass; each distinct time, and every other
+    value and theta, is formatted by ``repr``."""
+    n = rows.values.size
+    if not n:
+        return ""
+    ts_texts, ts_of = _distinct_texts(rows.ts)
+    texts = [*ts_texts, repr(float(epsilon))]
+    epsilon_text = len(ts_texts)
+    theta_texts, theta_text = _off_grid_texts(rows.theta, len(texts))
+    texts += theta_texts
+    value_texts, value_text = _off_grid_texts(rows.values, len(texts))
+    texts += value_texts
+    lengths = [len(t) for t in texts]
+    text_at = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=text_at[1:])
+    names = [rec.name_json for rec in rows.records]
+    name_bytes = "".join(names).encode()
+    name_len = np.fromiter(map(len, names), dtype=np.int64, count=len(names))
+    if len(name_bytes) != int(name_len.sum()):  # a name's JSON that is not ASCII: its bytes counted one by one
+        name_len = np.fromiter((len(x.encode()) for x in names), dtype=np.int64, count=len(names))
+    name_at = np.zeros(len(names) + 1, dtype=np.int64)
+    np.cumsum(name_len, out=name_at[1:])
+    counts = rows.counts
+    stream_of = np.repeat(np.arange(len(names), dtype=np.int64), counts)
+    starts = np.cumsum(counts) - counts
+    ticks = np.repeat(rows.first_tick - starts, counts) + np.arange(n, dtype=np.int64)
+    size = (n * (text.LINE_OVERHEAD + text.INT_DIGITS + 2 * text.GRID_VALUE_CHARS + max(map(len, ts_texts))
+                 + lengths[epsilon_text] + max(map(len, theta_texts), default=0))
+            + int((name_len * counts).sum()) + sum(map(len, value_texts)))
+    out = np.empty(size, dtype=np.uint8)
+    head, tick, ts, value, eps, theta = text.pieces()
+    written = text.encode_lines(out, stream_of, ticks, rows.values, value_text, ts_of, rows.theta,
+                                theta_text, np.frombuffer(name_bytes, dtype=np.uint8), name_at,
+                                np.frombuffer("".join(texts).encode(), dtype=np.uint8), text_at, epsilon_text,
+                                head, tick, ts, value, eps, theta)
+    return out[:written].tobytes().decode()
+
+
+def releases_in(releases: Releases | list[ReleaseBatch]) -> int:
+    """The number of releases (lines) of one step's batches."""
+    if isinstance(releases, Releases):
+        rows, others = releases.rows, releases.others
+        return (int(rows.values.size) if rows is not None else 0) + sum(len(b.ticks) for b in others)
+    return sum(len(b.ticks) for b in releases)
+
+
+def encode_step(releases: Releases | list[ReleaseBatch], epsilon: float) -> str:
+    """Every line of one processing step's releases, each followed by a newline, in order: the release rows' in one
+    compiled pass (:func:`encode_release_rows`), the other batches' as :func:`encode_all` writes them."""
+    if isinstance(releases, Releases):
+        rows, others = releases.rows, releases.others
+    else:
+        rows, others = None, releases
+    head = encode_release_rows(rows, epsilon) if rows is not None else ""
+    tail = encode_all(others, epsilon) if others else []
+    return head + ("\n".join(tail) + "\n" if tail else "")
+
+
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
@@ -119,6 +200,32 @@ def status_line(rec: StreamRecord) -> str | None:
     if rec.phase != "releasing" or not _has_params(rec.operator):
         return None
     return _status_json(rec)
+
+
+def status_lines(recs: list[StreamRecord]) -> list[str | None]:
+    """:func:`status_line` of each of ``recs``, character for character; the status of a stream that is a release row
+    (the common one) is written without building its status object first (its name's JSON is the record's, its
+    theta, identity and generation formatted as the JSON encoder formats them)."""
+    out: list[str | None] = []
+    for rec in recs:
+        op = rec.operator
+        if type(op) is not RowOperator or rec.failed or type(rec.generation) is not int \
+                or type(rec.identity) is not str:
+            out.append(status_line(rec))
+            continue
+        pool, r = op.pool, op.row
+        cfg = pool.configs[int(pool.config[r])]
+        theta_units = int(pool.theta[r])
+        theta = cfg.lower + theta_units * cfg.resolution
+        if theta != theta or theta in (math.inf, -math.inf):  # what the JSON encoder spells its own way
+            out.append(status_line(rec))
+            continue
+        who = f',"identity":{encode_basestring_ascii(rec.identity)},"generation":{rec.generation}' \
+            if rec.identity else ""
+        own = _compact_json(stream_params(cfg, theta_units, rec.error_stats))
+        out.append(f'{{"stream":{rec.name_json},"phase":"releasing","theta":{float(theta)!r}{who},'
+                   f'"params":{{{_template_json(cfg, int(pool.layers_kept[r]))},{own[1:]}}}')
+    return out
 
 
 def _has_params(op: Any) -> bool:
@@ -313,10 +420,10 @@ class StdoutSink:
     def __init__(self, out: IO[str] | None = None) -> None:
         self.out = out if out is not None else sys.stdout
 
-    def write(self, lines: list[str]) -> int:
+    def write_text(self, lines: str) -> None:
+        """Lines already joined, each followed by a newline."""
         if lines:
-            self.out.write("\n".join(lines) + "\n")
-        return len(lines)
+            self.out.write(lines)
 
     def flush(self) -> None:
         try:

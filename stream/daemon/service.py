@@ -16,7 +16,6 @@ import contextlib
 import gc
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -27,6 +26,8 @@ from itertools import compress
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
 from operators import ToPLConfig
 from operators.categorical.release import CategoricalRelease
 from operators.columnar import born_releasing
@@ -34,6 +35,7 @@ from operators.columnar_holdout import born_in_rows
 from operators.ranges.release import RangeRelease
 from operators.selection import prepare as prepare_selection
 from operators.topl_server import LocalServer
+from stream.core._line_scan import PLAIN_KNOWN, PLAIN_NEW, NameTable, ScannedLines
 from stream.core.config import (
     STDIN_TEMPLATE,
     DaemonConfig,
@@ -47,15 +49,23 @@ from stream.core.errors import ConfigFileError, PayloadError, StartupError, Stre
 from stream.core.keys import KeyFileError, derive_stream_key, load_master_key, new_identity
 from stream.core.metrics import MESSAGE_RESULTS, Metrics
 from stream.core.payload import check_stream_name, decode_line, decode_payload_columns, decode_reports
-from stream.core.router import ReleaseBatch, Router, StreamRecord
-from stream.core.sinks import PublishQueue, StdoutSink, encode_all, encode_releases, encode_status, status_line
+from stream.core.router import ReleaseBatch, Releases, Router, StreamRecord
+from stream.core.sinks import (
+    PublishQueue,
+    StdoutSink,
+    encode_releases,
+    encode_status,
+    encode_step,
+    releases_in,
+    status_lines,
+)
 from stream.core.ticking import PeriodClock
 from stream.daemon.durability import Durability
 from stream.daemon.heap import Heap
 from stream.daemon.mqtt_source import MqttSource
 from stream.daemon.phaselog import PhaseLog
 from stream.daemon.preflight import DataDirLocked, lock_data_dir, preflight
-from stream.daemon.source import Chunk, ChunkKind, Source, lines_of
+from stream.daemon.source import Chunk, ChunkKind, Source
 from stream.daemon.sources import MqttLink, TopicRouter
 from stream.daemon.stdin import StdinSource
 from stream.state.journaled import JournaledIntake
@@ -119,8 +129,9 @@ class Daemon:
         self._master: bytes | None = None  # the master key, where new streams are keyed operators (a secret)
         # whether keyed_operator makes plain holdout rows (_keyed_maker; new_streams_in_bulk)
         self._new_streams_are_rows = False
-        # stdin: the bytes of a ``stream,value`` line's name -> the name (checked once: on_lines' common line)
-        self._csv_names: dict[bytes, str] = {}
+        # stdin: the bytes of plain ``stream,value`` lines' names -> slots standing for the names (take_lines)
+        self._names = NameTable()
+        self._new_names: dict[bytes, str] = {}  # names' bytes met, to enter the table once their streams exist
         self._csv_names_max = max(1 << 16, 2 * cfg.streams.max_streams)
         self.cap_readings = 0
         self.phase_log = PhaseLog()
@@ -512,69 +523,80 @@ class Daemon:
         self.into_stream(rec, add_reports)
 
     def on_lines(self, lines: list[bytes]) -> None:
-        """Decode, validate and route stdin lines (a line is one message), then process and emit. As with MQTT, a
-        line whose handling raises is counted ``failed`` and the stream it touched is marked failed."""
+        """:meth:`take_lines` of lines given one by one (without their newlines)."""
+        self.take_lines(b"".join(line + b"\n" for line in lines))
+
+    def take_lines(self, data: bytes) -> None:
+        """Decode, validate and route stdin lines (``data``: whole lines, each ending in a newline; a line is one
+        message), then process and emit. As with MQTT, a line whose handling raises is counted ``failed`` and the
+        stream it touched is marked failed.
+
+        One compiled pass (stream/core/_line_scan.py) splits the lines, finds the name of each plain
+        ``stream,value`` line in the table of names already taken and parses its value (the double ``float()``
+        gives); every other line goes to :meth:`take_line`, the full decoder. The plain lines of known streams, and
+        the first lines of new streams (:meth:`first_line_of_new_stream`), are taken together (:meth:`add_values`),
+        those before any other line first, so that every stream keeps its order."""
         now = time.time()
-        # read once a batch, not once a reading: a configuration section's attribute goes through __getattr__
         limit, default = self.cfg.input.max_payload_bytes, self.cfg.input.default_stream
-        names, streams, isfinite = self._csv_names, self.router.streams, math.isfinite
-        # the common line, ``stream,value``, of a stream already seen: what take_line does with it, without decoding
-        # its name again (the name's bytes as a line gives them, mapped to the name take_line checked), and of a new
-        # stream (first_line_of_new_stream: its record made as take_line makes it); these lines are taken together
-        # (Router.add_values), those before any other line first, so that every stream keeps its order
-        # (a new stream's record is made at the chunk's next call of add_values, with the other new streams met since:
-        # ``born`` gives its index, which stands for its record in ``recs`` until then: new_streams_in_bulk)
+        if data and not data.endswith(b"\n"):
+            data += b"\n"
+        scan = ScannedLines(data, limit, self._names)
+        n = scan.count
+        kinds, values = scan.kinds[:n], scan.values[:n]
+        known = kinds == PLAIN_KNOWN
+        # the record of each known name's stream (None: it left memory since, and is met anew)
+        found = list(map(self.router.streams.get, self._names.values[np.where(known, scan.slots[:n], 0)]))
+        if None in found:
+            gone = known & np.array([rec is None for rec in found])
+            kinds[gone] = PLAIN_NEW
+            known &= ~gone
+        special = np.flatnonzero(~known).tolist()
+        if not special:  # the common chunk: every line a plain line of a known stream
+            self.add_values(found, values.tolist(), now)
+            self.safe_step()
+            return
+        value_list = values.tolist()
+        # a new stream's record is made at the chunk's next call of add_values, with the other new streams met since:
+        # ``born`` gives its index, which stands for its record in ``recs`` until then (new_streams_in_bulk)
         recs: list[StreamRecord | int] = []
-        values: list[float] = []
+        taken: list[float] = []
         born: dict[str, int] = {}
-        first_line_of_new_stream = self.first_line_of_new_stream
-        for line in lines:
-            parts = line.split(b",")
-            if len(parts) == 2 and len(line) <= limit:
-                if (name := names.get(parts[0])) is not None and ((rec := streams.get(name)) is not None
-                                                                   or (rec := born.get(name)) is not None):
-                    try:
-                        value = float(parts[1])
-                    except ValueError:
-                        value = math.nan
-                    if isfinite(value):
-                        recs.append(rec)
-                        values.append(value)
-                        continue
-                elif (got := first_line_of_new_stream(parts, now, born)) is not None:
-                    recs.append(got[0])
-                    values.append(got[1])
-                    continue
+        at = 0  # the first line not yet taken
+        for i in special:
+            recs += found[at:i]
+            taken += value_list[at:i]
+            at = i + 1
+            if kinds[i] == PLAIN_NEW and (got := self.first_line_of_new_stream(scan.name(i), value_list[i], now,
+                                                                               born)) is not None:
+                recs.append(got)
+                taken.append(value_list[i])
+                continue
             if recs:
-                self.add_values(recs, values, now, born)
-                recs, values, born = [], [], {}
+                self.add_values(recs, taken, now, born)
+                recs, taken, born = [], [], {}
             try:
-                self.take_line(line, now, limit, default)
+                self.take_line(scan.line(i), now, limit, default)
             except OSError:
                 raise
             except Exception as exc:
                 self.message_failed(exc, "stdin line")
+        recs += found[at:]
+        taken += value_list[at:]
         if recs:
-            self.add_values(recs, values, now, born)
+            self.add_values(recs, taken, now, born)
+        self.learn_names()
         self.safe_step()
 
-    def first_line_of_new_stream(self, parts: list[bytes], now: float,
-                                 born: dict[str, int]) -> tuple[StreamRecord | int, float] | None:
-        """The ``stream,value`` line (split at its comma) of a stream not yet known: its record, made as
+    def first_line_of_new_stream(self, raw: bytes, value: float, now: float,
+                                 born: dict[str, int]) -> StreamRecord | int | None:
+        """The plain line ``raw,value`` of a stream whose name is not in the table yet: its record, made as
         :meth:`take_line` makes it (or, where new streams are born together, its index in ``born``, the chunk's new
-        streams so far: made by :meth:`add_values`), and its value, to be taken with the chunk's other plain lines;
-        None for anything else (an invalid name or value, space around the name, the stream cap): :meth:`take_line`
-        then decides, and counts, as for any line."""
-        raw = parts[0]
-        first = raw[:1]
-        if not first or first.isspace() or first in (b"{", b"[") or raw[-1:].isspace():
-            return None
+        streams so far: made by :meth:`add_values`), to be taken with the chunk's other plain lines; None for
+        anything else (an invalid name, the stream cap): :meth:`take_line` then decides, and counts, as for any
+        line. The name's bytes enter the table once its record exists (:meth:`learn_names`)."""
         try:
-            value = float(parts[1])
             name = check_stream_name(raw.decode("utf-8"))
         except (ValueError, PayloadError):  # (UnicodeDecodeError is a ValueError)
-            return None
-        if not math.isfinite(value):
             return None
         router = self.router
         rec: StreamRecord | int | None = router.streams.get(name)
@@ -592,11 +614,20 @@ class Daemon:
                     return None
                 if rec is None:
                     return None
-        names = self._csv_names
-        if len(names) >= self._csv_names_max:
-            names.clear()
-        names[raw] = name
-        return rec, value
+        self._new_names[raw] = name
+        return rec
+
+    def learn_names(self) -> None:
+        """The names met since the last call whose streams now exist enter the name table (bounded: a flood of new
+        names starts a new table)."""
+        met, self._new_names = self._new_names, {}
+        streams = self.router.streams
+        learnt = [(raw, name) for raw, name in met.items() if name in streams and self._names.slot(raw) < 0]
+        if not learnt:
+            return
+        if len(self._names) + len(learnt) > self._csv_names_max:
+            self._names = NameTable()
+        self._names.add([raw for raw, _ in learnt], [name for _, name in learnt])
 
     def new_streams_in_bulk(self) -> bool:
         """Whether new streams are the plain holdout rows :meth:`keyed_operator` makes (its own decision, with the
@@ -676,11 +707,8 @@ class Daemon:
         first = line[:1]
         if len(readings) == 1 and readings[0][2] is None and line.count(b",") == 1 and first \
                 and not first.isspace() and first not in (b"{", b"["):
-            # a ``stream,value`` line: its name's bytes are remembered (bounded: a flood of new names clears them)
-            names = self._csv_names
-            if len(names) >= self._csv_names_max:
-                names.clear()
-            names[line.split(b",")[0]] = readings[0][0]
+            # a ``stream,value`` line: its name's bytes enter the name table (learn_names)
+            self._new_names[line.split(b",")[0]] = readings[0][0]
         failed = 0
         for name, value, ts, seq in readings:
             rec = self.stream_record(name or default, now)
@@ -755,7 +783,7 @@ class Daemon:
             if too_large:
                 self.line_too_large(self.cfg.input.max_payload_bytes, too_large)
             if chunk.data:
-                self.on_lines(lines_of(chunk))
+                self.take_lines(chunk.data)
         if chunk.marks:
             if self.durable is None:
                 msg = "a chunk with journal marks needs durable state"
@@ -772,23 +800,17 @@ class Daemon:
         """Process the pending readings of every touched stream and emit the releases."""
         self.emit(self.router.flush())
 
-    def emit(self, batches: list[ReleaseBatch]) -> None:
+    def emit(self, batches: Releases | list[ReleaseBatch]) -> None:
         if self.durable is not None and self.durable.hold(batches):
             return  # released once the readings they come from are in the journal on disk
         eps = self.epsilon
         stdout, pubq = self.stdout, self.pubq if self.mqtt_out else None
         retain, as_array = self.cfg.output.retain, self.cfg.output.batch
         topic_of = self.output_topic
-        # every batch's lines to stdout in one write, not a write per stream
-        if pubq is None:
-            out = encode_all(batches, eps) if stdout is not None and batches else []
-        else:
-            out = []
+        if pubq is not None:
             reprs: dict[float, str] = {}  # the step's times and epsilon, formatted once
             for b in batches:
                 lines = encode_releases(b, eps, reprs)
-                if stdout is not None:
-                    out += lines
                 topic = topic_of(b.record.name)
                 if as_array:
                     pubq.put(topic, ("[" + ",".join(lines) + "]").encode(), retain, len(lines))
@@ -796,8 +818,10 @@ class Daemon:
                     for line in lines:
                         pubq.put(topic, line.encode(), retain, 1)
         if stdout is not None and batches:
+            # the status lines of streams first described here, then every release of the step, in one write
             heads = self.describe(batches)
-            self.stdout_written += stdout.write(heads + out if heads else out) - len(heads)
+            stdout.write_text("".join(line + "\n" for line in heads) + encode_step(batches, eps))
+            self.stdout_written += releases_in(batches)
             stdout.flush()
         status = self.router.status_now
         if status:
@@ -811,19 +835,20 @@ class Daemon:
             status.clear()
 
     @staticmethod
-    def describe(batches: list[ReleaseBatch]) -> list[str]:
+    def describe(batches: Releases | list[ReleaseBatch]) -> list[str]:
         """The status lines that go to stdout before the releases of ``batches``: one for each releasing numeric
         stream whose first release in this run's output is among them (``stream.core.sinks.status_line``), so that
         a file of releases says what they mean without a retained message."""
-        lines = []
-        for b in batches:
-            rec = b.record
-            if not rec.described:
-                rec.described = True
-                line = status_line(rec)
-                if line is not None:
-                    lines.append(line)
-        return lines
+        if isinstance(batches, Releases):  # the rows' streams read without making their batches
+            rows = batches.rows
+            new = [rec for rec in rows.records if not rec.described] if rows is not None else []
+            new += [b.record for b in batches.others if not b.record.described]
+        else:
+            new = [b.record for b in batches if not b.record.described]
+        new = list(dict.fromkeys(new))  # a stream once (its releases may come in more than one part)
+        for rec in new:
+            rec.described = True
+        return [line for line in status_lines(new) if line is not None]
 
     def publish_status(self, rec: StreamRecord) -> None:
         rec.status_due = False

@@ -179,7 +179,7 @@ def test_new_streams_first_lines_are_decided_as_one_line_at_a_time_decides_them(
         elif mode == "one by one":  # each new stream's record made as its line is met (Daemon.first_line_of_new_stream)
             monkeypatch.setattr(d, "new_streams_in_bulk", lambda: False)
         else:
-            monkeypatch.setattr(d, "first_line_of_new_stream", lambda parts, now, born: None)
+            monkeypatch.setattr(d, "first_line_of_new_stream", lambda raw, value, now, born: None)
         for chunk in _hostile_new_lines():
             d.on_lines(chunk)
         if mode == "together" and together:  # the new streams were made together, between the other lines

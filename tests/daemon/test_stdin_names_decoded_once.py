@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from stream.core._line_scan import NameTable
 from stream.core.config import build_config
 from stream.daemon import service as daemon_mod
 from tests.support import FakeOperator
 
 
-class _Forgetful(dict):
-    """A name table that keeps nothing: every line takes the full decoder (the reference)."""
+class _Forgetful(NameTable):
+    """A name table that keeps nothing: every line's name is decoded and checked (the reference)."""
 
-    def __setitem__(self, key: object, value: object) -> None:
+    def add(self, names: list[bytes], values: list[object] | None = None) -> None:
         pass
 
 
@@ -50,7 +51,7 @@ def run(tmp_path: Path, lines: list[bytes], forget: bool) -> tuple[list[dict], d
                           operator_factory=lambda name: _Boom(2) if name == "boom" else FakeOperator(2),
                           install_signals=False)
     if forget:
-        d._csv_names = _Forgetful()
+        d._names = _Forgetful()
     assert asyncio.run(d.serve()) == 0
     metrics = {s.name + str(s.labels): s.value for f in d.metrics.registry.collect() for s in f.samples
                if s.name.startswith(("tops_messages_total", "tops_readings_total"))}
@@ -83,5 +84,5 @@ def test_a_flood_of_new_names_keeps_the_table_bounded(tmp_path: Path) -> None:
     d._csv_names_max = 1000
     for r in range(5):
         d.on_lines([f"n{r}-{k},1".encode() for k in range(700)])
-        assert len(d._csv_names) <= 1000
+        assert len(d._names) <= 1000
     assert len(d.router.streams) == 10

@@ -219,3 +219,21 @@ def test_a_cached_scale_never_lets_a_bool_or_bad_number_through() -> None:
     for eps, sens in [(True, 1), (1.0, True), (1.0, math.nan), (math.inf, 1), (-1.0, 1), (1.0, 0)]:
         with pytest.raises(ValueError, match="positive finite"):
             shared_laplace(eps, sens)
+
+
+def test_a_discrete_laplace_made_from_the_parameter_cache_is_the_one_computed() -> None:
+    """The second ``DiscreteLaplace`` of a pair takes its parameters from the cache the first filled: every attribute
+    equal, with its type, to a fresh computation's (a cache that put one attribute in another's place would change
+    every draw made with it)."""
+    from operators import noise
+
+    for eps, sens in [(1.0, 3), (0.125, 2500), (0.375, 2500 * 2500), (1e-3, 0.5), (2.0, 7.25)]:
+        first = noise.DiscreteLaplace(eps, sens)
+        again = noise.DiscreteLaplace(eps, sens)
+        fresh = object.__new__(noise.DiscreteLaplace)
+        fresh._compute(eps, sens)
+        assert (eps, sens) in noise._DL_PARAMETERS
+        for name in noise.DiscreteLaplace.__slots__:
+            for made in (first, again):
+                got, want = getattr(made, name), getattr(fresh, name)
+                assert type(got) is type(want) and got == want, name
