@@ -4,8 +4,7 @@ numba compiles a compiled function again for every new combination of argument t
 from one compiled function to another is a type of its own (``Literal[int](0)``, ``Literal[bool](True)``): each
 such call adds a specialization to the first compile of a fresh install, which a daemon pays with its event loop held
 at its first holdout end (typed values, ``np.int64(0)``, share one). Read from the source: every call between the
-compiled functions of the kernel modules, its arguments. (Measured: the Quickstart's first compile went from 40
-specializations to 24, and a third less time.)
+compiled functions of the kernel modules (operators/ and stream/), its arguments.
 """
 
 from __future__ import annotations
@@ -17,7 +16,8 @@ import pytest
 
 from tests.support import ROOT
 
-KERNELS = sorted(p for p in (ROOT / "operators").rglob("*.py") if "numba.njit" in p.read_text())
+KERNELS = sorted(p for part in ("operators", "stream") for p in (ROOT / part).rglob("*.py")
+                 if "numba.njit" in p.read_text())
 
 
 def compiled_functions(tree: ast.Module) -> set[str]:
@@ -45,7 +45,8 @@ def bare_constants_passed(path: Path, compiled: set[str]) -> list[str]:
 
 
 def test_the_kernel_modules_are_found() -> None:
-    assert {p.name for p in KERNELS} >= {"_dlap_kernel.py", "_refill_kernel.py", "_selection_kernel.py"}
+    assert {p.name for p in KERNELS} >= {"_dlap_kernel.py", "_refill_kernel.py", "_selection_kernel.py",
+                                         "_line_scan.py"}
 
 
 @pytest.mark.parametrize("path", KERNELS, ids=lambda p: p.name)
