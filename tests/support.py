@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import re
 import shutil
 import signal
@@ -65,21 +66,49 @@ ACL_USERS = {"svc/tops": "daemon-secret", "svc/consumer": "consumer-secret", "me
              "meter-b": "device-b-secret"}
 
 
+def _ephemeral_ports() -> range:
+    """The ports the kernel gives outgoing connections (Linux: ip_local_port_range)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+_PORTS = random.Random(os.getpid() ^ time.monotonic_ns())  # not a secret: test servers' ports
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, below the ephemeral range: a port the kernel may hand an outgoing connection
+    (a NATS node's route to another, a client) could be taken between this choice and the server's bind."""
+    ephemeral = _ephemeral_ports()
+    for _ in range(1000):
+        port = _PORTS.randrange(10_000, ephemeral.start if ephemeral.start > 11_000 else 30_000)
+        if port in ephemeral:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    msg = "no free loopback port below the ephemeral range"
+    raise RuntimeError(msg)
 
 
-def wait_port(port: int, timeout: float = 10.0) -> None:
+def wait_port(port: int, timeout: float = 10.0, server: subprocess.Popen[bytes] | None = None) -> None:
+    """Wait until something listens on ``port``; fails at once if ``server`` (the process that should) has exited."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
         except OSError:
+            if server is not None and server.poll() is not None:
+                msg = f"the server for port {port} exited with {server.returncode} before listening"
+                raise TimeoutError(msg) from None
             time.sleep(0.05)
-    msg = f"mosquitto did not open port {port}"
+    msg = f"nothing listens on port {port} after {timeout:g} s"
     raise TimeoutError(msg)
 
 
@@ -95,7 +124,7 @@ class Broker:
         log = self.conf.with_suffix(".log").open("ab")
         self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=log, stderr=log)
         try:
-            wait_port(self.port)
+            wait_port(self.port, server=self.proc)
         except TimeoutError:
             self.stop()
             msg = f"mosquitto did not start: {self.conf.with_suffix('.log').read_text()[-500:]}"
@@ -811,7 +840,7 @@ class NatsNode:
     def start(self) -> None:
         log = self.conf.with_suffix(".log").open("ab")
         self.proc = subprocess.Popen([NATS_SERVER, "-c", str(self.conf)], stdout=log, stderr=log)
-        wait_port(self.port, 20)
+        wait_port(self.port, 20, self.proc)
 
     def kill(self) -> None:
         """SIGKILL: the node dies at once (its JetStream replicas on disk stay)."""
