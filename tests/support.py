@@ -76,21 +76,24 @@ def _ephemeral_ports() -> range:
 
 
 _PORTS = random.Random(os.getpid() ^ time.monotonic_ns())  # not a secret: test servers' ports
+_HANDED_OUT: set[int] = set()
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on, below the ephemeral range: a port the kernel may hand an outgoing connection
-    (a NATS node's route to another, a client) could be taken between this choice and the server's bind."""
+    """A loopback port nothing listens on, below the ephemeral range (a port the kernel may hand an outgoing
+    connection, a NATS node's route to another, could be taken between this choice and the server's bind), and never
+    one this process handed out before (a cluster's nine ports are chosen before any server binds one)."""
     ephemeral = _ephemeral_ports()
     for _ in range(1000):
         port = _PORTS.randrange(10_000, ephemeral.start if ephemeral.start > 11_000 else 30_000)
-        if port in ephemeral:
+        if port in ephemeral or port in _HANDED_OUT:
             continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     msg = "no free loopback port below the ephemeral range"
     raise RuntimeError(msg)
