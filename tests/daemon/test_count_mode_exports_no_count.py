@@ -97,7 +97,8 @@ def _restart_exports(tmp: Path, port: int, aggregate: str,
     """Feed ``events`` events to stream m and as many to stream x, kill -9 once the journal holds them (nothing
     checkpointed), and restart with a cap of one stream (x's readings are skipped on replay): the restart's log
     (times dropped), its metrics once it published m's status, every status payload of both runs, and the restart's
-    (how often the first run republished a status depends on when it was killed)."""
+    (before the restart the subscriber also gets the retained statuses an earlier call left on the broker, and
+    whatever the killed run had published by the time of its kill)."""
     tmp.mkdir()
     mport = free_port()
     doc = {
