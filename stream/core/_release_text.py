@@ -89,6 +89,14 @@ def grid_text(out: np.ndarray, at: int, value: float) -> int:
     return at + digits
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _number_text(out: np.ndarray, at: int, number: float, text: int, texts: np.ndarray, text_at: np.ndarray) -> int:
+    """``number`` written by :func:`grid_text` when ``text < 0`` (on the grid), else its text ``text``."""
+    if text < 0:
+        return grid_text(out, at, number)
+    return _put(out, at, texts, text_at[text], text_at[text + 1])
+
+
 @numba.njit(cache=True, nogil=True)
 def encode_lines(out: np.ndarray, stream_of: np.ndarray, ticks: np.ndarray, values: np.ndarray,
                  value_text: np.ndarray, ts_of: np.ndarray, thetas: np.ndarray, theta_text: np.ndarray,
@@ -112,19 +120,11 @@ def encode_lines(out: np.ndarray, stream_of: np.ndarray, ticks: np.ndarray, valu
         t = ts_of[i]
         at = _put(out, at, texts, text_at[t], text_at[t + 1])
         at = _put(out, at, value, 0, value.size)
-        t = value_text[i]
-        if t < 0:
-            at = grid_text(out, at, values[i])
-        else:
-            at = _put(out, at, texts, text_at[t], text_at[t + 1])
+        at = _number_text(out, at, values[i], value_text[i], texts, text_at)
         at = _put(out, at, epsilon, 0, epsilon.size)
         at = _put(out, at, texts, text_at[epsilon_text], text_at[epsilon_text + 1])
         at = _put(out, at, theta, 0, theta.size)
-        t = theta_text[s]
-        if t < 0:
-            at = grid_text(out, at, thetas[s])
-        else:
-            at = _put(out, at, texts, text_at[t], text_at[t + 1])
+        at = _number_text(out, at, thetas[s], theta_text[s], texts, text_at)
         out[at] = 125  # "}"
         out[at + 1] = 10  # "\n"
         at += 2

@@ -4,7 +4,7 @@ written for.
 aiomqtt 2.x runs paho-mqtt 2.x's client on asyncio. The daemon needs four things neither offers as an API, and this
 module reaches into their internals for them, on the client instance it is given and nowhere else:
 
-- **Manual acknowledgements** (aiomqtt issue 345, "Application-controlled acknowledgements"): QoS 1 readings are
+- **Manual acknowledgements** (aiomqtt 2.x has no API for application-controlled acknowledgements): QoS 1 readings are
   acknowledged only once taken (with durable state: once the journal on disk holds them). paho's
   ``manual_ack_set`` before connecting; the PUBACKs of a batch go as one write through paho's ``_packet_queue``.
 - **The CONNACK's session-present flag and each PUBLISH's DUP flag**, which aiomqtt 2.x drops: paho's
@@ -19,8 +19,8 @@ module reaches into their internals for them, on the client instance it is given
 
 Every one of these is in :data:`PRIVATES` and checked by :func:`adapter_problems` against the installed packages
 (``tops run`` makes that check before it starts when MQTT is used; ``tests/daemon/test_mqtt_adapter_pins.py`` runs it
-too). pyproject.toml pins exactly the versions in :data:`TESTED`. The way out of this module: aiomqtt
-pull request 346 for issue 345, or aiomqtt 3, which drops paho.
+too). pyproject.toml pins exactly the versions in :data:`TESTED`. The way out of this module: an aiomqtt with
+application-controlled acknowledgements, or aiomqtt 3, which drops paho.
 """
 
 from __future__ import annotations
