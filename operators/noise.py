@@ -57,10 +57,12 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from fractions import Fraction
 from typing import Any
 
@@ -76,6 +78,7 @@ __all__ = [
     "KeyedGenerator",
     "discrete_laplace_variance",
     "new_key",
+    "no_kernel_load",
 ]
 
 KEY_BYTES = 32
@@ -370,6 +373,21 @@ _kernel_state: dict[str, object] = {"calls": 0, "sample": None, "chacha": None, 
 _COMPILED_RUN_AT_MOST = 1 << 12  # draws up to this size go through one compiled call (keystream and sampler)
 
 
+_loading_allowed: ContextVar[bool] = ContextVar("tops_kernel_loading_allowed", default=True)
+
+
+@contextlib.contextmanager
+def no_kernel_load() -> Iterator[None]:
+    """Draws made in this block never load the compiled kernels (they use them if this process already has): a short
+    check, such as the configuration's release probe, takes the numpy path, which gives the same samples, and never
+    pays numba's load (or, on a fresh install, its compile). TOPS_NOISE_KERNEL=numba still forces them."""
+    token = _loading_allowed.set(False)
+    try:
+        yield
+    finally:
+        _loading_allowed.reset(token)
+
+
 def _kernel(n: int = 0):
     """The compiled sampler once it is worth its load (after a few calls, or at once for a large draw), else None
     (the numpy path: the same samples, bit for bit)."""
@@ -378,6 +396,8 @@ def _kernel(n: int = 0):
         return None
     st = _kernel_state
     if st["sample"] is None:
+        if forced != "numba" and not _loading_allowed.get():
+            return None
         st["calls"] = int(st["calls"]) + 1
         if forced == "numba" or int(st["calls"]) > _COMPILE_AFTER or n >= _COMPILE_AT_ONCE:
             from operators._chacha_kernel import keystream

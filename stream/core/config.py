@@ -447,14 +447,18 @@ def _template_problems(template_doc: dict[str, Any]) -> tuple[ToPSConfig | None,
 def _release_probe(template: ToPSConfig, method: str) -> str | None:
     """Run the stream template's operator on two test streams (all zeros, all at the bound) through its holdout and
     the first leaves: None if it releases, else the problem (e.g. ``epsilon = 1e300``, where the noise's parameter
-    underflows: every tick would fail). A zero key; nothing leaves this function."""
+    underflows: every tick would fail). A zero key; nothing leaves this function. On the numpy path (the same
+    samples), so that ``--check`` never loads, or compiles, the kernels."""
     import numpy as np
+
+    from operators.noise import no_kernel_load
 
     n = template.holdout_ticks + min(template.query_range, 1 << 16) + 1
     for fill in (0.0, template.bound):
         try:
             op = build_operator(template, method, bytes(32))
-            op.process(np.full(n, fill))
+            with no_kernel_load():
+                op.process(np.full(n, fill))
         except (ArithmeticError, ValueError) as exc:
             way = "smaller" if template.epsilon > 1 else "larger"
             return (f"[streams.template] epsilon = {template.epsilon:g} cannot be released with these parameters "

@@ -114,3 +114,25 @@ def test_a_threshold_budget_above_epsilon_is_refused_by_the_builder_and_the_chec
     assert build_config({**doc, "streams": {**doc["streams"], "template": {**TPL, "threshold_epsilon": 1.0}}})
     rc, err = run(config(tmp_path, streams={"template": {"threshold_epsilon": 1.0}}), "--check")
     assert rc == 0, err
+
+
+def test_the_check_draws_its_probe_without_loading_the_compiled_kernels(tmp_path: Path) -> None:
+    """``tops run --check`` runs the template's operator on test streams (the probe that refuses ``epsilon = 1e300``)
+    on the numpy path: on a fresh install, loading the kernels would compile them first (tens of seconds of CPU)
+    for a check. The template is one whose probe makes enough draws to load them otherwise. A daemon's own draws
+    load them as before; TOPS_NOISE_KERNEL=numba still forces them."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import operators.noise as n; from stream.core.config import build_config; "
+              "build_config({'streams': {'template': {'epsilon': 1.0, 'bound': 10.0, 'holdout': 2, "
+              "'query_range': 65536}}, 'state': {'data_dir': ''}}); probe = n._kernel_state['sample'] is not None; "
+              "n.expect_draws(1000); print(probe, n._kernel_state['sample'] is not None)")
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TOPS_NOISE_KERNEL"}
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr
+    forced = subprocess.run([sys.executable, "-c", script], cwd=root, env={**env, "TOPS_NOISE_KERNEL": "numba"},
+                            capture_output=True, text=True, timeout=120)
+    assert forced.stdout.split() == ["True", "True"], forced.stdout + forced.stderr
