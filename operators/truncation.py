@@ -66,6 +66,7 @@ __all__ = [
     "excess_edges",
     "noisy_statistic",
     "noisy_statistics_table",
+    "public_frame",
     "truncation_status",
 ]
 
@@ -205,14 +206,14 @@ def truncation_status(noisy: bytes, *, theta_units: int, bound_units: int, resol
         return None
     values = np.frombuffer(noisy, dtype="<f8")
     histogram = values.size > 1
-    sum_variance, edges, count_variance = _public_frame(bound_units - theta_units, histogram, resolution, epsilon)
+    sum_variance, edges, count_variance = public_frame(bound_units - theta_units, histogram, resolution, epsilon)
     return {"epsilon": epsilon, "holdout": holdout, "step": resolution,
             "excess_sum": float(values[0]) * resolution, "sum_variance": sum_variance, "edges": list(edges),
             "counts": [int(c) for c in values[1:].tolist()], "count_variance": count_variance}
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def _public_frame(top: int, histogram: bool, resolution: float, epsilon: float) -> tuple[float, tuple[float, ...],
+def public_frame(top: int, histogram: bool, resolution: float, epsilon: float) -> tuple[float, tuple[float, ...],
                                                                                          float]:
     """What a status states besides the noisy numbers, the same for every stream of one ``top``: the sum's noise
     variance, the bins' edges (value units) and each count's noise variance."""

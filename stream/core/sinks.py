@@ -16,10 +16,12 @@ import numpy as np
 
 from operators.columnar import RowOperator
 from operators.config import SMOOTHERS, ToPSConfig
+from operators.error_stats import budgets as error_stats_budgets
 from operators.error_stats import status as error_stats_status
 from operators.selection import BUDGET_SPLIT, _dlap_noise
 from operators.topl_server import LocalServer
 from operators.tops import ToPS, choice_epsilon
+from operators.truncation import public_frame
 from stream.core import _release_text as text
 from stream.core.router import ReleaseBatch, Releases, RowReleases, StreamRecord
 
@@ -222,7 +224,7 @@ def status_lines(recs: list[StreamRecord]) -> list[str | None]:
             continue
         who = f',"identity":{encode_basestring_ascii(rec.identity)},"generation":{rec.generation}' \
             if rec.identity else ""
-        own = _compact_json(stream_params(cfg, theta_units, rec.error_stats))
+        own = stream_params_json(cfg, theta_units, rec.error_stats)
         out.append(f'{{"stream":{rec.name_json},"phase":"releasing","theta":{float(theta)!r}{who},'
                    f'"params":{{{_template_json(cfg, int(pool.layers_kept[r]))},{own[1:]}}}')
     return out
@@ -246,7 +248,7 @@ def _status_json(rec: StreamRecord) -> str:
     if isinstance(op, LocalServer):
         status["params"] = local_params(op.config)
         return _compact_json(status)
-    own = _compact_json(stream_params(op.config, op.theta_units, rec.error_stats))
+    own = stream_params_json(op.config, op.theta_units, rec.error_stats)
     return f'{_compact_json(status)[:-1]},"params":{{{_template_json(op.config, op.smoother_layers)},{own[1:]}}}'
 
 
@@ -291,6 +293,81 @@ def stream_params(cfg: ToPSConfig, theta_units: int, error_stats: bytes | None) 
         p["truncation_note"] = "not measured: the holdout ended before its statistic existed"
     p["spread"] = spread
     return p
+
+
+def stream_params_json(cfg: ToPSConfig, theta_units: int, error_stats: bytes | None) -> str:
+    """:func:`stream_params` as compact JSON, the same text as the JSON encoder writes of it, without building the
+    dictionaries: what every stream of one template and theta shares is written once (:func:`_own_frame`), the
+    stream's noisy statistics are written into it. A stream starts with its status line, so a fleet's first step
+    writes one for every stream."""
+    if error_stats is None or sys.byteorder != "little" or len(error_stats) % 8:
+        return _compact_json(stream_params(cfg, theta_units, error_stats))
+    v = memoryview(error_stats).cast("d").tolist()
+    n = int(v[0]) if v else 0
+    rest = v[1 + n:] if v else []
+    frame = _own_frame(cfg, theta_units, len(rest) if rest else 0, n > 0)
+    if frame is None:  # a statistic the fast writer does not spell (not finite): the encoder's own text
+        return _compact_json(stream_params(cfg, theta_units, error_stats))
+    head, trunc_mid, trunc_tail, between, spread_head, res = frame
+    parts = [head]
+    if rest:
+        parts += [_number_json(rest[0] * res), trunc_mid, ",".join([repr(int(c)) for c in rest[1:]]), trunc_tail]
+    parts.append(between)
+    if n:
+        total, v1, squares, v2 = v[1:5]
+        blocks = v[5:1 + n]
+        parts += [spread_head, _number_json(total * res), ',"sum_variance":', _number_json(v1 * res**2),
+                  ',"squares":', _number_json(squares * res**2), ',"squares_variance":', _number_json(v2 * res**4),
+                  ',"widths":[', ",".join([repr(int(w)) for w in blocks[0::3]]),
+                  '],"mean_abs":[', ",".join([_number_json(a * res) for a in blocks[1::3]]),
+                  '],"abs_variance":[', ",".join([_number_json(x * res**2) for x in blocks[2::3]]), "]}}"]
+    else:
+        parts.append("null}")
+    return "".join(parts)
+
+
+def _number_json(x: float) -> str:
+    """A float as the JSON encoder writes it."""
+    return repr(x) if x - x == 0.0 else _compact_json(x)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _own_frame(cfg: ToPSConfig, theta_units: int, trunc_len: int, spread: bool) -> tuple[str, ...] | None:
+    """The text of :func:`stream_params_json` that one template, theta and shape of statistics share: the start's
+    noise, the truncation statistic's public frame (its budget, holdout, step, noise variances and edges), its note,
+    and the spread's holdout; None where a shared number is not finite."""
+    res = cfg.resolution
+    thr = cfg.threshold_epsilon or cfg.epsilon
+    bound_units = math.floor(cfg.span / cfg.resolution + 1e-9)
+    p = stream_params(cfg, theta_units, None)
+    sd = p["start_sd"]
+    if not all(math.isfinite(x) for x in (sd, res)):
+        return None
+    head = '{"start_sd":' + _compact_json(sd) + ',"truncation":'
+    trunc_mid = trunc_tail = ""
+    if trunc_len:
+        _, eps_t, _ = error_stats_budgets(thr)
+        sum_variance, edges, count_variance = public_frame(bound_units - theta_units, trunc_len > 1, res, eps_t)
+        if not all(math.isfinite(x) for x in (eps_t, sum_variance, count_variance, *edges)):
+            return None
+        head += (f'{{"epsilon":{_compact_json(eps_t)},"holdout":{_compact_json(cfg.holdout_ticks)},'
+                 f'"step":{_compact_json(res)},"excess_sum":')
+        trunc_mid = f',"sum_variance":{_compact_json(sum_variance)},"edges":{_compact_json(list(edges))},"counts":['
+        trunc_tail = f'],"count_variance":{_compact_json(count_variance)}}}'
+    else:
+        head += "null"
+    # the note as stream_params decides it, from what decides it: theta against the bound, a public theta, whether
+    # a statistic exists and whether the stream has statistics at all (it has: error_stats is given)
+    note = None
+    if theta_units >= bound_units:
+        note = "theta is the bound: nothing is truncated"
+    elif not trunc_len and cfg.theta is not None:
+        note = "theta is public: nothing measured the readings above it"
+    elif not trunc_len:
+        note = "not measured: (B - theta) / resolution is beyond the exact sampler's range"
+    between = (f',"truncation_note":{_compact_json(note)}' if note is not None else "") + ',"spread":'
+    spread_head = f'{{"holdout":{_compact_json(cfg.holdout_ticks)},"sum":' if spread else ""
+    return head, trunc_mid, trunc_tail, between, spread_head, res
 
 
 def template_params(cfg: ToPSConfig, s: int) -> dict[str, Any]:

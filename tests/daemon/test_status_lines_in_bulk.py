@@ -40,3 +40,33 @@ def test_status_lines_in_bulk_are_what_status_line_writes(tmp_path: Path, templa
     d.router.fail(recs[41], "a test")
     assert sum(type(r.operator).__name__ == "RowOperator" for r in recs) > 250
     assert status_lines(recs) == [status_line(r) for r in recs]
+
+
+def test_a_streams_own_params_are_written_as_the_json_encoder_writes_them() -> None:
+    """The params a stream's holdout decided (``stream_params_json``, written into a frame its template and theta
+    share) are the JSON encoder's text of ``stream_params``, on statistics of every shape a stream can hold: no
+    spread or a spread over several leaf widths, no truncation statistic, a sum alone or a sum with bins, an empty
+    blob, negative noisy counts, templates with another resolution or a public theta, theta at the bound."""
+    import math
+
+    from operators.config import ToPSConfig
+    from stream.core.sinks import _compact_json, stream_params, stream_params_json
+
+    rng = np.random.default_rng(1)
+    configs = [ToPSConfig(epsilon=1.0, bound=5000.0, holdout=3),
+               ToPSConfig(epsilon=0.5, bound=200.0, holdout=12, resolution=0.5, fanout=4, query_range=256),
+               ToPSConfig(epsilon=1.0, bound=5000.0, theta=100.0),
+               ToPSConfig(epsilon=2.0, bound=100.0, holdout=50, resolution=0.1)]
+    for cfg in configs:
+        bound_units = math.floor(cfg.span / cfg.resolution + 1e-9)
+        for _ in range(1500):
+            trunc_len = int(rng.choice([0, 1, 2, 9, 14]))
+            theta_units = int(rng.integers(0, bound_units + (0 if trunc_len else 3)))
+            spread_len = int(rng.choice([0, 4, 7, 10, 13]))
+            spread = rng.normal(0, 1e4, spread_len).tolist()
+            trunc = ([float(rng.normal(0, 100)), *rng.integers(-5, 50, trunc_len - 1).astype(float).tolist()]
+                     if trunc_len else [])
+            blob = b"" if rng.random() < 0.02 else np.array([float(spread_len), *spread, *trunc], "<f8").tobytes()
+            assert stream_params_json(cfg, theta_units, blob) == _compact_json(stream_params(cfg, theta_units, blob))
+        for theta_units in (0, 5, bound_units):
+            assert stream_params_json(cfg, theta_units, None) == _compact_json(stream_params(cfg, theta_units, None))
