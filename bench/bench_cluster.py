@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -155,7 +156,19 @@ async def _leased(servers: list[str], partitions: int) -> set[str]:
     return owners
 
 
-def throughput(k: int, args: argparse.Namespace) -> float:
+def cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
+    """User + system CPU seconds the running processes ``procs`` have used so far (from /proc)."""
+    total = 0
+    for p in procs:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def throughput(k: int, args: argparse.Namespace) -> tuple[float, float, float, float]:
+    """Readings per second with ``k`` workers, the wall seconds, and the CPU seconds of the workers and of the three
+    NATS servers over the run (the servers' CPU of the preload taken out)."""
     tmp = Path(tempfile.mkdtemp(prefix="tops-bench-cluster-"))
     (tmp / "master.key").write_text(os.urandom(32).hex() + "\n")
     (tmp / "master.key").chmod(0o600)
@@ -164,13 +177,15 @@ def throughput(k: int, args: argparse.Namespace) -> float:
     try:
         asyncio.run(preload(servers, args.streams, args.readings))
         want = args.streams * (args.readings - HOLDOUT)
+        servers_before = cpu_seconds(procs)
         t0 = time.perf_counter()
         workers = [start_worker(worker_toml(tmp, servers, args.partitions, f"w{i}"), tmp) for i in range(k)]
         while asyncio.run(out_count(servers)) < want:
             time.sleep(0.5)
             if time.perf_counter() - t0 > 900:
                 raise TimeoutError("releases did not all arrive")
-        return args.streams * args.readings / (time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        return args.streams * args.readings / wall, wall, cpu_seconds(workers), cpu_seconds(procs) - servers_before
     finally:
         for w in workers:
             w.send_signal(signal.SIGKILL)
@@ -228,7 +243,10 @@ def main() -> int:
     print(f"{args.streams} streams x {args.readings} readings, {args.partitions} partitions, 3 NATS nodes, "
           f"{os.cpu_count()} cores")
     for k in (1, 2, 3):
-        print(f"  {k} worker(s): {throughput(k, args):,.0f} readings/s")
+        rate, wall, workers_cpu, servers_cpu = throughput(k, args)
+        print(f"  {k} worker(s): {rate:,.0f} readings/s ({wall:.1f} s; CPU: workers {workers_cpu:.1f} s, NATS "
+              f"servers {servers_cpu:.1f} s, {(workers_cpu + servers_cpu) / wall / (os.cpu_count() or 1):.0%} of "
+              "the cores)")
     moved, first = failover(args)
     print(f"  failover (lease_ttl 3 s): partitions leased again {moved:.1f} s after the kill; first release after "
           f"{first:.1f} s (readings sent once the partitions moved)")

@@ -62,6 +62,8 @@ log = logging.getLogger("tops.cluster")
 # dead peer), longer than the client's 5 s; it runs beside the main loop (partitions held keep releasing) with this
 # timeout, its partition's lease renewed meanwhile
 CONSUMER_TIMEOUT = 30.0
+PUBLISH_TIMEOUT = 5.0  # seconds for the releases sent together to be confirmed
+PUBLISH_PENDING = 4096  # releases sent together, then confirmed (the client's bound on unconfirmed publishes)
 
 
 class WorkerError(RuntimeError):
@@ -249,18 +251,25 @@ class ClusterWorker:
                     self.m_readings.labels(k).inc(v - before[k])
 
     async def _publish(self) -> None:
-        """Process what was taken and publish every release (confirmed) before any later state is written."""
+        """Process what was taken and publish every release (confirmed) before any later state is written. The
+        publishes are pipelined, ``PUBLISH_PENDING`` at a time: each is sent at once (JetStream's asynchronous
+        publish) and their confirmations are gathered after, within ``PUBLISH_TIMEOUT``; one that is not confirmed
+        by then fails the step (the caller's reset; the releases are made again, the same bytes)."""
         batches = self.router.flush()
         eps = float(self.template.epsilon)
         js, out = self.js, self.names.output_subject
-        futures = []
-        for b in batches:
-            for tick, line in zip(b.ticks, encode_releases(b, eps), strict=True):
-                hdr = {"Nats-Msg-Id": f"{b.record.name}:{tick}"}
-                futures.append(js.publish(f"{out}.{b.record.name}", line.encode(), headers=hdr))
-        for k in range(0, len(futures), 256):
-            await asyncio.gather(*futures[k:k + 256])
-        self.m_releases.inc(len(futures))
+        releases = [(f"{out}.{b.record.name}", line.encode(), f"{b.record.name}:{tick}")
+                    for b in batches for tick, line in zip(b.ticks, encode_releases(b, eps), strict=True)]
+        for k in range(0, len(releases), PUBLISH_PENDING):
+            confirmations: list[asyncio.Future[Any]] = []
+            try:
+                for subject, payload, msg_id in releases[k:k + PUBLISH_PENDING]:
+                    confirmations.append(await js.publish_async(subject, payload, headers={"Nats-Msg-Id": msg_id}))
+                await asyncio.wait_for(asyncio.gather(*confirmations), PUBLISH_TIMEOUT)
+            finally:
+                for f in confirmations:  # one left unconfirmed frees its place among the pending publishes
+                    f.cancel()
+        self.m_releases.inc(len(releases))
 
     # -- leases and checkpoints ---------------------------------------------------------------------------------------
     async def _checkpoint(self, part: Partition, *, final: bool = False) -> None:
@@ -274,21 +283,13 @@ class ClusterWorker:
             raise Fenced from None
         part.renewed = time.monotonic()
         names = [n for n in part.streams if n in self.changed]
-        for n in names:
-            rec = self.router.streams[n]
-            doc = record_state(rec)
-            doc["js_seq"] = self.js_seq[n]
-            doc["key_check"] = self.key_check
-            value = json.dumps(doc, separators=(",", ":")).encode()
-            rev = self.state_rev.get(n)
-            try:
-                if rev is None:
-                    self.state_rev[n] = await state.create(state_key(n), value)
-                else:
-                    self.state_rev[n] = await state.update(state_key(n), value, last=rev)
-            except KeyWrongLastSequenceError:
-                raise Fenced from None
-            self.changed.discard(n)
+        # the changed streams' states, written together (each a compare-and-set of its own key), all before the floor
+        written = await asyncio.gather(*(self._write_state(state, n) for n in names), return_exceptions=True)
+        failed = [w for w in written if isinstance(w, BaseException)]
+        if any(isinstance(w, KeyWrongLastSequenceError) for w in failed):
+            raise Fenced
+        if failed:
+            raise failed[0]
         if part.applied > part.floor or final:
             doc = self._floor_doc(part, part.applied)
             try:
@@ -301,6 +302,19 @@ class ClusterWorker:
                     await part.last_msg.ack()
                 part.last_msg = None
             self.m_checkpoints.inc()
+
+    async def _write_state(self, state: Any, name: str) -> None:
+        """One stream's state, compare-and-set on the revision this worker last wrote or read."""
+        doc = record_state(self.router.streams[name])
+        doc["js_seq"] = self.js_seq[name]
+        doc["key_check"] = self.key_check
+        value = json.dumps(doc, separators=(",", ":")).encode()
+        rev = self.state_rev.get(name)
+        if rev is None:
+            self.state_rev[name] = await state.create(state_key(name), value)
+        else:
+            self.state_rev[name] = await state.update(state_key(name), value, last=rev)
+        self.changed.discard(name)
 
     def _floor_doc(self, part: Partition, floor: int) -> bytes:
         return json.dumps({"floor": floor, "owner": self.name, "consumer": part.consumer}).encode()
@@ -537,31 +551,40 @@ class ClusterWorker:
 
     # -- the loops --------------------------------------------------------------------------------------------------
     async def _step(self) -> int:
-        """One pass over the owned partitions: fetch, process, publish. Returns messages taken."""
-        from nats.errors import TimeoutError as NatsTimeout
-
-        n = 0
+        """One pass over the owned partitions: fetch (every partition at once), process (one partition after the
+        other), publish. Returns messages taken."""
         batch = int(self.cfg.nats.fetch_batch)
-        for part in list(self.owned.values()):
-            if part.sub is None:  # its consumer is being made again
-                continue
-            try:
-                msgs = await part.sub.fetch(batch, timeout=0.05)
-            except (TimeoutError, NatsTimeout):
-                continue
-            except Exception as exc:  # the consumer went away (another owner recreated it) or the link is down
-                log.warning("partition %d: fetch failed (%s)", part.index, type(exc).__name__)
-                await asyncio.sleep(0.2)
+        parts = [part for part in self.owned.values() if part.sub is not None]  # (None: its consumer is remade)
+        fetched = await asyncio.gather(*(self._fetch(part, batch) for part in parts))
+        n = 0
+        for part, msgs in zip(parts, fetched, strict=True):
+            if not msgs or self.owned.get(part.index) is not part:
                 continue
             await self._take(part, msgs)
             n += len(msgs)
             if part.gap:
                 await self._refetch(part)
+        if None in fetched:
+            await asyncio.sleep(0.2)
         if n:
             await self._fresh_leases()
             await self._publish()
         self.router.status_now.clear()  # no status messages in a cluster: releases only
         return n
+
+    @staticmethod
+    async def _fetch(part: Partition, batch: int) -> list[Any] | None:
+        """Up to ``batch`` messages of the partition (none within 50 ms: an empty list); None when the fetch failed
+        (the consumer went away: another owner recreated it, or the link is down)."""
+        from nats.errors import TimeoutError as NatsTimeout
+
+        try:
+            return await part.sub.fetch(batch, timeout=0.05)
+        except (TimeoutError, NatsTimeout):
+            return []
+        except Exception as exc:
+            log.warning("partition %d: fetch failed (%s)", part.index, type(exc).__name__)
+            return None
 
     async def _fresh_leases(self) -> None:
         """No release leaves for a partition whose lease was not renewed within half its life (a worker paused
@@ -611,7 +634,7 @@ class ClusterWorker:
         self.nc = await nats.connect(servers=list(self.cfg.nats.servers), name=f"tops-worker-{self.name}",
                                      max_reconnect_attempts=-1, reconnect_time_wait=0.25, connect_timeout=5,
                                      error_cb=error_cb)
-        self.js = self.nc.jetstream(timeout=5.0)
+        self.js = self.nc.jetstream(timeout=5.0, publish_async_max_pending=PUBLISH_PENDING)
         try:
             joined = await self._join()
         except WorkerError:
