@@ -62,8 +62,8 @@ log = logging.getLogger("tops.cluster")
 # dead peer), longer than the client's 5 s; it runs beside the main loop (partitions held keep releasing) with this
 # timeout, its partition's lease renewed meanwhile
 CONSUMER_TIMEOUT = 30.0
-PUBLISH_TIMEOUT = 5.0  # seconds for the releases sent together to be confirmed
-PUBLISH_PENDING = 4096  # releases sent together, then confirmed (the client's bound on unconfirmed publishes)
+PUBLISH_TIMEOUT = 5.0  # seconds for the releases sent to be confirmed, once their confirmations are gathered
+PUBLISH_PENDING = 4096  # releases sent and not yet confirmed, at most (below the client's own bound, never waited on)
 
 
 class WorkerError(RuntimeError):
@@ -113,6 +113,7 @@ class ClusterWorker:
         self.js_seq: dict[str, int] = {}  # stream -> last input sequence in its state
         self.state_rev: dict[str, int | None] = {}
         self.changed: set[str] = set()
+        self.unconfirmed: list[asyncio.Future[Any]] = []  # releases sent, their confirmations not yet gathered
         self.stopping = asyncio.Event()
         self.nc: Any = None
         self.js: Any = None
@@ -251,25 +252,37 @@ class ClusterWorker:
                     self.m_readings.labels(k).inc(v - before[k])
 
     async def _publish(self) -> None:
-        """Process what was taken and publish every release (confirmed) before any later state is written. The
-        publishes are pipelined, ``PUBLISH_PENDING`` at a time: each is sent at once (JetStream's asynchronous
-        publish) and their confirmations are gathered after, within ``PUBLISH_TIMEOUT``; one that is not confirmed
-        by then fails the step (the caller's reset; the releases are made again, the same bytes)."""
+        """Process what was taken and publish every release, all of them confirmed (those sent before too): what
+        comes before any state is written."""
+        await self._send()
+        await self._confirm()
+
+    async def _send(self) -> None:
+        """Process what was taken and send its releases, pipelined: each goes at once (JetStream's asynchronous
+        publish), its confirmation is gathered later (:meth:`_confirm`); at most ``PUBLISH_PENDING`` wait for theirs
+        (the sends before are confirmed first)."""
         batches = self.router.flush()
         eps = float(self.template.epsilon)
         js, out = self.js, self.names.output_subject
         releases = [(f"{out}.{b.record.name}", line.encode(), f"{b.record.name}:{tick}")
                     for b in batches for tick, line in zip(b.ticks, encode_releases(b, eps), strict=True)]
-        for k in range(0, len(releases), PUBLISH_PENDING):
-            confirmations: list[asyncio.Future[Any]] = []
-            try:
-                for subject, payload, msg_id in releases[k:k + PUBLISH_PENDING]:
-                    confirmations.append(await js.publish_async(subject, payload, headers={"Nats-Msg-Id": msg_id}))
-                await asyncio.wait_for(asyncio.gather(*confirmations), PUBLISH_TIMEOUT)
-            finally:
-                for f in confirmations:  # one left unconfirmed frees its place among the pending publishes
-                    f.cancel()
-        self.m_releases.inc(len(releases))
+        for subject, payload, msg_id in releases:
+            if len(self.unconfirmed) >= PUBLISH_PENDING:
+                await self._confirm()
+            self.unconfirmed.append(await js.publish_async(subject, payload, headers={"Nats-Msg-Id": msg_id}))
+
+    async def _confirm(self) -> None:
+        """Every release sent is confirmed by JetStream within ``PUBLISH_TIMEOUT``, or the step fails (the caller's
+        reset: the releases are made again, the same bytes, and the broker keeps one of each message id)."""
+        pending, self.unconfirmed = self.unconfirmed, []
+        if not pending:
+            return
+        try:
+            await asyncio.wait_for(asyncio.gather(*pending), PUBLISH_TIMEOUT)
+        finally:
+            for f in pending:  # one left unconfirmed frees its place among the pending publishes
+                f.cancel()
+        self.m_releases.inc(len(pending))
 
     # -- leases and checkpoints ---------------------------------------------------------------------------------------
     async def _checkpoint(self, part: Partition, *, final: bool = False) -> None:
@@ -331,6 +344,9 @@ class ClusterWorker:
     async def _abandon(self) -> None:
         """Every partition dropped without writing or publishing, its lease given back, nothing left in memory."""
         await self._cancel_background()
+        unconfirmed, self.unconfirmed = self.unconfirmed, []
+        for f in unconfirmed:  # sent or not, they are made again by whoever takes the partitions (same message ids)
+            f.cancel()
         for part in list(self.owned.values()):
             self.owned.pop(part.index, None)
             with contextlib.suppress(Exception):
@@ -568,7 +584,10 @@ class ClusterWorker:
             await asyncio.sleep(0.2)
         if n:
             await self._fresh_leases()
-            await self._publish()
+            # the previous step's releases were confirmed while this step fetched and took (one step in flight);
+            # no state is written before every release sent is confirmed (_maintain and _drop publish first)
+            await self._confirm()
+            await self._send()
         self.router.status_now.clear()  # no status messages in a cluster: releases only
         return n
 
