@@ -512,6 +512,70 @@ def test_a_state_read_that_times_out_leaves_no_unloaded_stream_behind(nats_clust
     assert {t: vals for (s, t), vals in got.items() if s == "x"} == {t: {v} for t, v in want.items()}
 
 
+class _LosesOnePublish:
+    """The worker's JetStream context, whose ``lose``-th asynchronous publish is lost: never stored, its confirmation
+    an error (the stream's leader died with it); everything else is the real context's."""
+
+    def __init__(self, js, lose: int) -> None:
+        self.js, self.lose, self.seen = js, lose, 0
+
+    async def publish_async(self, subject: str, payload: bytes = b"", **kwargs: Any):
+        from nats.js.errors import APIError
+
+        self.seen += 1
+        if self.seen == self.lose:
+            lost = asyncio.get_running_loop().create_future()
+            lost.set_exception(APIError(code=503, description="lost in flight"))
+            return lost
+        return await self.js.publish_async(subject, payload, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.js, name)
+
+
+@pytest.mark.network
+def test_a_release_whose_publish_is_not_confirmed_is_made_again_before_any_state_covers_it(
+        nats_cluster: NatsCluster, tmp_path: Path) -> None:
+    """The attack: releases are sent pipelined, their confirmations gathered a step later, and one of them is lost
+    (its confirmation an error). No state may be written that covers its tick before it is confirmed, or it is gone
+    for good (the worker would never make it again): the step fails, the worker drops its partition as ``serve``
+    does, takes it again from the last checkpoint and makes the lost release again, the same bytes. Every tick is
+    released once, equal to the replay; the lost publish was met."""
+    cfg, master = _one_partition(tmp_path, nats_cluster)
+    values = np.random.default_rng(9).integers(0, 120, 120).astype(float)
+
+    async def scenario() -> tuple[dict[tuple[str, int], set[float]], str, int]:
+        w = await _joined(cfg, master, nats_cluster)
+        pjs = w.nc.jetstream()
+        lossy = w.js = _LosesOnePublish(w.js, lose=12)
+        await w._acquire(0)
+        for i in range(120):
+            await pjs.publish(f"{cfg.nats.input_subject}.0.x", f"{values[i]:g}".encode(),
+                              headers={"Nats-Msg-Id": f"x:{i}"})
+        failures = 0
+        for _ in range(400):
+            if 0 in w.owned and w.owned[0].applied >= 120 and not w.unconfirmed:
+                break
+            try:  # what serve does with a step that fails
+                if 0 not in w.owned:
+                    await w._acquire(0)
+                await w._step()
+                await w._maintain(0.0)
+            except Exception as exc:
+                failures += 1
+                await w._reset(type(exc).__name__)
+        await w._maintain(0.0)
+        await w.nc.close()
+        assert lossy.seen > lossy.lose
+        return await _releases(nats_cluster.servers), await _identity(nats_cluster.servers), failures
+
+    got, identity, failures = asyncio.run(scenario())
+    assert failures >= 1
+    op = build_operator(cfg.template, "tops", derive_stream_key(master, "x", identity=identity))
+    want = {t: float(x) for t, x in enumerate(op.process(values)) if not np.isnan(x)}
+    assert {t: vals for (s, t), vals in got.items() if s == "x"} == {t: {v} for t, v in want.items()}
+
+
 class _LosesOneDelivery:
     """A partition's pull subscription whose connection drops one delivery in flight (the server counts it
     delivered: its node died while the message was on the wire); everything else is the real consumer's."""
