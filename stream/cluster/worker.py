@@ -204,6 +204,15 @@ class ClusterWorker:
 
     # -- input ------------------------------------------------------------------------------------------------------
     async def _take(self, part: Partition, msgs: list[Any]) -> None:
+        """The messages of one fetch, in order; the readings' results counted once for all of them."""
+        try:
+            await self._take_messages(part, msgs)
+        finally:
+            for result, n in self.router.take_counts().items():
+                if n:
+                    self.m_readings.labels(result).inc(n)
+
+    async def _take_messages(self, part: Partition, msgs: list[Any]) -> None:
         prefix = f"{self.names.input_subject}.{part.index}."
         limit = self.cfg.input.max_payload_bytes
         for m in msgs:
@@ -242,14 +251,10 @@ class ClusterWorker:
             if not values or rec.failed:
                 continue
             now = m.metadata.timestamp.timestamp()  # the broker's time: the same for every worker
-            before = dict(self.router.counts)
             try:
                 self.router.add_many(rec, values, ts, seqs, now)
             except Exception as exc:  # an operator that raises fails its stream only
                 self.router.fail(rec, f"a message raised {type(exc).__name__}")
-            for k, v in self.router.counts.items():
-                if v != before[k]:
-                    self.m_readings.labels(k).inc(v - before[k])
 
     async def _publish(self) -> None:
         """Process what was taken and publish every release, all of them confirmed (those sent before too): what
