@@ -65,6 +65,9 @@ class Metrics:
                                          "stopped answering: no acknowledgement of the messages in flight, or no "
                                          "answer to a ping, for `[mqtt] timeout` seconds (the link reconnects and "
                                          "sends them again).", registry=r)
+        self.mqtt_resyncs = Counter("tops_mqtt_resyncs", "Reconnections after the broker sent QoS 0 messages faster "
+                                    "than they were read (QoS 1 input, persistent session): the broker resends on "
+                                    "the new connection the QoS 1 readings it may have dropped.", registry=r)
         self.incoming_queue = Gauge("tops_incoming_queue_depth", "Messages received and not yet processed.",
                                     registry=r)
         self.publish_queue = Gauge("tops_publish_queue_depth", "Messages waiting to be published.", registry=r)

@@ -102,6 +102,39 @@ class AckWatchdog:
         return self.waited >= self.limit
 
 
+class FloodResync:
+    """Tells when to reconnect after a QoS 0 flood, so that the broker resends QoS 1 readings it may have dropped.
+
+    A broker whose queue for this client is full drops what it owes it (see :class:`AckWatchdog`), QoS 1 readings of
+    other devices included, which it counts as in flight: MQTT resends those only on a new connection, and whether an
+    answer the daemon awaits was dropped too is a matter of timing, so the watchdog alone misses some floods. That
+    queue fills only with QoS 0 messages sent faster than the daemon reads them (the broker's in-flight window bounds
+    QoS 1). So a look that finds QoS 0 messages received while the daemon was behind (bytes left unread on its
+    socket, or QoS 0 messages counted as overload) marks the connection flooded, and the first later look at which
+    the broker has sent nothing since the last one (the flood and the backlog it left are over: a reconnect throws
+    nothing away) asks for one reconnect. The daemon uses it with QoS 1 input on a persistent session only: a clean
+    session loses what is in flight on any reconnect, and QoS 0 messages are never resent.
+
+    >>> f = FloodResync()
+    >>> f.look(sent=True, qos0=True, behind=True), f.look(sent=True, qos0=False, behind=False), f.look(sent=False)
+    (False, False, True)
+    >>> f.look(sent=False), f.look(sent=True, qos0=True, behind=False), f.look(sent=False)  # once; QoS 0 kept up with
+    (False, False, False)
+    """
+
+    def __init__(self) -> None:
+        self.flooded = False
+
+    def look(self, *, sent: bool, qos0: bool = False, behind: bool = False) -> bool:
+        """A look: ``sent`` when the broker sent something since the last look, ``qos0`` when QoS 0 messages were
+        among it, ``behind`` when the daemon had not read all of it. True when a reconnect is due."""
+        if sent:
+            self.flooded |= qos0 and behind
+            return False
+        due, self.flooded = self.flooded, False
+        return due
+
+
 class TopicRouter:
     """Maps an input topic to its stream name through patterns whose single ``+`` level names the stream.
 
@@ -165,13 +198,18 @@ class IncomingQueue(asyncio.Queue):  # type: ignore[type-arg]
         self.bound = bound
         self.overload = 0
         self.qos1 = 0
+        self.received = 0  # messages received, taken or not
+        self.qos0_received = 0
 
     def put_nowait(self, item: Any) -> None:
+        self.received += 1
         if item.qos:
             self.qos1 += 1
-        elif self.qsize() >= self.bound:
-            self.overload += 1
-            return
+        else:
+            self.qos0_received += 1
+            if self.qsize() >= self.bound:
+                self.overload += 1
+                return
         super().put_nowait(item)
 
     def get_nowait(self) -> Any:
@@ -545,7 +583,13 @@ class MqttLink:
         disconnected = self.session.disconnected  # raises MqttError when the link is lost
         loop = asyncio.get_running_loop()
         watchdog = AckWatchdog(self.ack_timeout)
-        probes: deque[asyncio.Future[None]] = deque()
+        resync = FloodResync() if self._acks_qos1 and self.settings.session == "persistent" else None
+        queue = self.queue
+        assert queue is not None
+        received, qos0_received, overload = queue.received, queue.qos0_received, queue.overload
+        # each probe with the last publish sent before it: the broker answers in order, so a probe answered before
+        # that publish is confirmed means its PUBACK was dropped
+        probes: deque[tuple[asyncio.Future[None], Any]] = deque()
         reads, confirmed = self._reads, self.confirmed
         looked_at_reads = self._reads  # reader callbacks run by the last look: the broker sent since, or not
         try:
@@ -557,23 +601,36 @@ class MqttLink:
                     pass
                 answered = confirmed != self.confirmed
                 confirmed = self.confirmed
-                while probes and probes[0].done():
-                    probes.popleft().result()  # an error of the probe ends the connection
+                while probes and probes[0][0].done():
+                    probe, sent_before = probes.popleft()
+                    probe.result()  # an error of the probe ends the connection
                     answered = True
+                    if sent_before is not None and not published(sent_before):
+                        self._give_up("the broker answered a probe sent after a release it has not confirmed: it "
+                                      "dropped that release's acknowledgement")
                 sent_since = self._reads != looked_at_reads
                 looked_at_reads = self._reads
+                if resync is not None:  # messages only: the answers to probes are not what a flood leaves behind
+                    messages = queue.received != received
+                    qos0 = queue.qos0_received != qos0_received
+                    behind = queue.overload != overload or not self._drained()
+                    received, qos0_received, overload = queue.received, queue.qos0_received, queue.overload
+                    if resync.look(sent=messages, qos0=qos0, behind=behind):
+                        self._resync()
                 if not (probes or self.inflight):
                     watchdog.idle()
                 elif watchdog.stalled(loop.time(), answered,
                                       counting=not (answered or sent_since) and self._counting()):
                     awaited = [f"{n} {what}" for n, what in ((len(self.inflight), "messages in flight"),
                                                               (len(probes), "probes")) if n]
-                    self._give_up(" and ".join(awaited))
+                    self._give_up(f"the broker has answered none of {' and '.join(awaited)} for "
+                                  f"{self.ack_timeout:g} s")
                 if self._reads != reads and len(probes) < PROBE_LIMIT:
                     reads = self._reads
-                    probes.append(asyncio.ensure_future(client.unsubscribe(PROBE_TOPIC, timeout=math.inf)))
+                    last = self.inflight[-1][0] if self.inflight else None
+                    probes.append((asyncio.ensure_future(client.unsubscribe(PROBE_TOPIC, timeout=math.inf)), last))
         finally:
-            for probe in probes:
+            for probe, _ in probes:
                 if not probe.done():
                     probe.cancel()
                 elif not probe.cancelled():
@@ -581,8 +638,10 @@ class MqttLink:
 
     def _counting(self) -> bool:
         """Whether time without an answer counts now: everything received was read, and reading is not paused."""
-        if self._paused:
-            return False
+        return not self._paused and self._drained()
+
+    def _drained(self) -> bool:
+        """Whether everything the broker sent has been read from the socket."""
         if self._reader is None:
             return True
         try:
@@ -640,13 +699,22 @@ class MqttLink:
         self._drain(queue, connection)
         self._end_intake()
 
-    def _give_up(self, what: str) -> None:
-        """End a connection on which the broker answers nothing any more (``what`` went unanswered): the reconnect
+    def _give_up(self, why: str) -> None:
+        """End a connection on which the broker stopped answering (``why``: what went unanswered): the reconnect
         sends the unconfirmed messages again, and the broker resends the readings it counts in flight to this
         session."""
         self.metrics.mqtt_ack_timeouts.inc()
-        log.warning("the broker has answered none of %s for %g s; reconnecting", what, self.ack_timeout)
-        msg = f"no answer from the broker for {self.ack_timeout:g} s"
+        log.warning("%s; reconnecting", why)
+        msg = "the broker stopped answering"
+        raise aiomqtt.MqttError(msg)
+
+    def _resync(self) -> None:
+        """End a connection after a QoS 0 flood (:class:`FloodResync`): the broker resends on the new one the QoS 1
+        readings it may have dropped, and the repeats filter drops those the daemon had."""
+        self.metrics.mqtt_resyncs.inc()
+        log.info("the broker sent QoS 0 messages faster than they were read; reconnecting, so that it resends any "
+                 "QoS 1 reading it dropped meanwhile")
+        msg = "reconnecting after a QoS 0 flood"
         raise aiomqtt.MqttError(msg)
 
     async def _publish(self, client: aiomqtt.Client, watch: asyncio.Task[None]) -> None:

@@ -270,11 +270,12 @@ def test_a_qos0_flood_through_the_shipped_broker_never_stalls_the_releases(mosqu
     """Debian's Mosquitto with deploy/mosquitto.conf as shipped (`max_queued_messages 100000`,
     `max_inflight_messages 1000`) and the deploy example's session (persistent, QoS 1 in and out, durable state),
     one release per reading. A device floods its stream at QoS 0 as fast as it can write: the broker's queue for the
-    daemon fills, and from then on Mosquitto drops every packet it owes the daemon, the PUBACKs of its releases and
-    the QoS 1 readings of a second device sent meanwhile included. After the flood every tick the daemon made is
-    confirmed by the broker and every reading of the second device is released: the daemon saw that the broker
-    stopped answering, and reconnected (otherwise the publish window stays full for good, intake waits, and every
-    later reading is counted `overload`)."""
+    daemon fills, and from then on Mosquitto drops every packet it owes the daemon, the QoS 1 readings of a second
+    device sent meanwhile included, and now and then the PUBACKs of its releases. After each of two floods every tick
+    the daemon made is confirmed by the broker and every reading of the second device is released: the daemon saw the
+    flood and reconnected once it was over, so the broker resent what it dropped (otherwise those readings never
+    arrive, and when a PUBACK was dropped too the publish window stays full until the watchdog gives the connection
+    up)."""
     from tests.support import ACL_USERS
 
     broker = mosquitto_acl
@@ -295,12 +296,10 @@ def test_a_qos0_flood_through_the_shipped_broker_never_stalls_the_releases(mosqu
     try:
         daemon.wait_connected()
         sub.wait_ready("dp/meter-b", user=("svc/tops", ACL_USERS["svc/tops"]))
-        # The broker drops whatever it owes the daemon once its queue is full; whether that includes an answer the
-        # daemon awaits depends on timing. The flood is repeated (the second device sending 100 more readings each
-        # time) until it does, and every round must end with every tick confirmed.
         meter_b = ("meter-b", ACL_USERS["meter-b"])
-        for rounds in range(1, 6):
+        for rounds in (1, 2):
             readings = [f'{{"value": {i % 90}, "seq": {i}}}' for i in range(100 * (rounds - 1), 100 * rounds)]
+            reconnects = daemon.metrics()["tops_mqtt_reconnects_total"]
             flood_until_the_broker_drops(broker.port, broker_log, "meters/meter-a/reading", " " * 200 + "5",
                                          lambda readings=readings: publish(broker.port, "meters/meter-b/reading",
                                                                            readings, user=meter_b),
@@ -315,18 +314,23 @@ def test_a_qos0_flood_through_the_shipped_broker_never_stalls_the_releases(mosqu
             m = wait_for(all_confirmed, 180, interval=0.5, what="every tick confirmed, the second device released")
             print(f"flood {rounds}: processed {m['tops_messages_total{result=ok}']:.0f}, overload "
                   f"{m['tops_messages_total{result=overload}']:.0f}, answers awaited in vain "
-                  f"{m['tops_mqtt_ack_timeouts_total']:.0f}, reconnects {m['tops_mqtt_reconnects_total']:.0f}")
+                  f"{m['tops_mqtt_ack_timeouts_total']:.0f}, reconnects after the flood "
+                  f"{m['tops_mqtt_resyncs_total']:.0f}, reconnects {m['tops_mqtt_reconnects_total']:.0f}")
             assert sorted(p["tick"] for p in sub.payloads() if "tick" in p) == list(range(50, 100 * rounds))
-            if m["tops_mqtt_ack_timeouts_total"] >= 1:
-                break
-        assert m["tops_mqtt_ack_timeouts_total"] >= 1, "five floods, and the broker never dropped an awaited answer"
+            # a reconnect after the flood, or after a dropped acknowledgement during it (the next one, if the broker
+            # drops again, comes once the flood is over)
+            wait_for(lambda reconnects=reconnects: daemon.metrics()["tops_mqtt_reconnects_total"] > reconnects, 60,
+                     what="a reconnect")
+        m = daemon.metrics()
         assert daemon.stop() == 0
     finally:
         sub.close()
         daemon.kill()
     log = daemon.stderr()
     assert "Traceback" not in log
-    assert log.count("the broker has answered none of") == m["tops_mqtt_ack_timeouts_total"]  # one line each
+    given_up = log.count("the broker has answered none of") + log.count("dropped that release's acknowledgement")
+    assert given_up == m["tops_mqtt_ack_timeouts_total"]  # one line each
+    assert log.count("reconnecting, so that it resends") == m["tops_mqtt_resyncs_total"]
 
 
 @pytest.fixture
@@ -341,9 +345,9 @@ def test_readings_the_broker_dropped_during_a_flood_come_once_nothing_is_in_flig
                                                                                  tmp_path: Path) -> None:
     """A flood of garbage (every message invalid: nothing is released, so no PUBACK is ever awaited) fills the
     broker's queue for the daemon; a device's 100 QoS 1 readings sent meanwhile are dropped by the broker and
-    counted by it as in flight to the daemon, which MQTT sends again only on a new connection. The daemon probes the
-    broker while it receives, finds its probes unanswered once the flood has been read, and reconnects: every
-    reading is processed and released (without the probe, none of them ever is)."""
+    counted by it as in flight to the daemon, which MQTT sends again only on a new connection. The daemon saw QoS 0
+    messages come faster than it read them, and reconnects once the flood is over: every reading is processed and
+    released (without that reconnect, none of them ever is)."""
     broker = mosquitto_small_queue
     broker_log = broker.conf.with_suffix(".log")
     mport = free_port()
@@ -362,7 +366,7 @@ def test_readings_the_broker_dropped_during_a_flood_come_once_nothing_is_in_flig
         wait_for(lambda: len([p for p in sub.payloads() if "tick" in p]) >= 50, 60, what="its releases")
         assert m["tops_ticks_total"] == 100
         assert sorted(p["tick"] for p in sub.payloads() if "tick" in p) == list(range(50, 100))
-        assert daemon.metrics()["tops_mqtt_ack_timeouts_total"] >= 1
+        assert daemon.metrics()["tops_mqtt_resyncs_total"] >= 1
         assert daemon.stop() == 0
     finally:
         sub.close()
