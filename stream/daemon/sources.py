@@ -587,9 +587,11 @@ class MqttLink:
         queue = self.queue
         assert queue is not None
         received, qos0_received, overload = queue.received, queue.qos0_received, queue.overload
-        # each probe with the last publish sent before it: the broker answers in order, so a probe answered before
-        # that publish is confirmed means its PUBACK was dropped
+        # each probe with the last publish sent before it: a broker that answers in order has sent that publish's
+        # PUBACK before the probe's answer; one still missing ``ack_timeout`` s later (a broker may confirm a publish
+        # once it is stored, after answering what came next) was dropped
         probes: deque[tuple[asyncio.Future[None], Any]] = deque()
+        overtaken: tuple[Any, float] | None = None  # such a publish, and when it is given up
         reads, confirmed = self._reads, self.confirmed
         looked_at_reads = self._reads  # reader callbacks run by the last look: the broker sent since, or not
         try:
@@ -605,9 +607,13 @@ class MqttLink:
                     probe, sent_before = probes.popleft()
                     probe.result()  # an error of the probe ends the connection
                     answered = True
-                    if sent_before is not None and not published(sent_before):
-                        self._give_up("the broker answered a probe sent after a release it has not confirmed: it "
-                                      "dropped that release's acknowledgement")
+                    if overtaken is None and sent_before is not None and not published(sent_before):
+                        overtaken = (sent_before, loop.time() + self.ack_timeout)
+                if overtaken is not None and published(overtaken[0]):
+                    overtaken = None
+                elif overtaken is not None and loop.time() >= overtaken[1]:
+                    self._give_up(f"the broker answered a probe sent after a release and has not confirmed that "
+                                  f"release for {self.ack_timeout:g} s: it dropped the acknowledgement")
                 sent_since = self._reads != looked_at_reads
                 looked_at_reads = self._reads
                 if resync is not None:  # messages only: the answers to probes are not what a flood leaves behind
