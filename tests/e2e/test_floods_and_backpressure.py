@@ -67,13 +67,13 @@ def wait_until_processed_or_counted(daemon: DaemonProcess, messages: int) -> Non
 
 def test_qos0_flood_bounded_memory_ticks_flow_and_overload_counted(mosquitto_unbounded, tmp_path: Path) -> None:
     """An 8 s QoS 0 flood at the publisher's maximum rate against a daemon with a small incoming queue: period
-    releases keep coming during the flood, the connection survives (keepalive 5 s; the broker's answers come
+    releases keep coming during the flood, the connection survives (keepalive 10 s; the broker's answers come
     seconds late behind the flood it holds, past `[mqtt] timeout = 2`, and late is not lost: no reconnect, which
     would throw the broker's backlog away), memory stays bounded, and every message sent is either processed or
     counted as `overload`."""
     broker = mosquitto_unbounded
     mport = free_port()
-    cfg = daemon_config(tmp_path, broker.port, mport, mqtt={"keepalive": 5, "timeout": 2.0},
+    cfg = daemon_config(tmp_path, broker.port, mport, mqtt={"keepalive": 10, "timeout": 2.0},
                         input={"qos": 0, "max_queue": 2000},
                         ticks={"mode": "period", "period": 1.0}, streams={"template": {"theta": 50.0}},
                         output={"status_topic": ""})
