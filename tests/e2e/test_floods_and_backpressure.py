@@ -17,6 +17,7 @@ import pytest
 
 from tests.support import (
     ROOT,
+    Broker,
     DaemonProcess,
     Subscriber,
     TricklingRelay,
@@ -266,6 +267,26 @@ def flood_until_the_broker_drops(port: int, broker_log: Path, topic: str, payloa
         flood.wait(10)
 
 
+def shipped_broker_daemon(broker: Broker, tmp_path: Path, *, input_qos: int,
+                          timeout: float = 10.0) -> tuple[DaemonProcess, Path]:
+    """A daemon on the shipped broker (``mosquitto_acl``) as the deploy example runs it (account ``svc/tops``,
+    persistent session, QoS 1 releases, durable state), with small queues (the same stall, less to process and publish
+    afterwards) and readings at ``input_qos``; and the file holding the password of the flooding device ``meter-a``."""
+    from tests.support import ACL_USERS
+
+    pw = tmp_path / "mqtt-password"
+    pw.write_text(ACL_USERS["svc/tops"] + "\n")
+    device_pw = tmp_path / "device-password"
+    device_pw.write_text(ACL_USERS["meter-a"] + "\n")
+    mport = free_port()
+    cfg = daemon_config(tmp_path, broker.port, mport, mqtt={"username": "svc/tops", "password_file": str(pw),
+                                                            "client_id": "tops-flood", "keepalive": 30,
+                                                            "timeout": timeout},
+                        input={"qos": input_qos, "max_queue": 2000}, output={"status_topic": "", "publish_queue": 5000},
+                        streams={"template": {"holdout": 50}})
+    return DaemonProcess(cfg, mport, tmp_path), device_pw
+
+
 def test_a_qos0_flood_through_the_shipped_broker_never_stalls_the_releases(mosquitto_acl, tmp_path: Path) -> None:
     """Debian's Mosquitto with deploy/mosquitto.conf as shipped (`max_queued_messages 100000`,
     `max_inflight_messages 1000`) and the deploy example's session (persistent, QoS 1 in and out, durable state),
@@ -280,17 +301,7 @@ def test_a_qos0_flood_through_the_shipped_broker_never_stalls_the_releases(mosqu
 
     broker = mosquitto_acl
     broker_log = broker.conf.with_suffix(".log")
-    pw = tmp_path / "mqtt-password"
-    pw.write_text(ACL_USERS["svc/tops"] + "\n")
-    device_pw = tmp_path / "device-password"
-    device_pw.write_text(ACL_USERS["meter-a"] + "\n")
-    mport = free_port()
-    cfg = daemon_config(tmp_path, broker.port, mport, mqtt={"username": "svc/tops", "password_file": str(pw),
-                                                            "client_id": "tops-flood", "keepalive": 30},
-                        # small queues in the daemon: the same stall, less to process and publish afterwards
-                        input={"max_queue": 2000}, output={"status_topic": "", "publish_queue": 5000},
-                        streams={"template": {"holdout": 50}})
-    daemon = DaemonProcess(cfg, mport, tmp_path)
+    daemon, device_pw = shipped_broker_daemon(broker, tmp_path, input_qos=1)
     consumer = ("svc/consumer", ACL_USERS["svc/consumer"])
     sub = Subscriber(broker.port, "dp/meter-b", user=consumer)
     try:
@@ -340,20 +351,9 @@ def test_a_qos0_flood_into_a_qos0_subscription_through_the_shipped_broker_leaves
     daemon sends after the flood are answered. A release published before an answered probe and unconfirmed
     `[mqtt] timeout` seconds later lost its PUBACK: the daemon reconnects and every tick it made is confirmed
     (counting answered probes as progress, the publish window stays full for good whenever a PUBACK was dropped)."""
-    from tests.support import ACL_USERS
-
     broker = mosquitto_acl
     broker_log = broker.conf.with_suffix(".log")
-    pw = tmp_path / "mqtt-password"
-    pw.write_text(ACL_USERS["svc/tops"] + "\n")
-    device_pw = tmp_path / "device-password"
-    device_pw.write_text(ACL_USERS["meter-a"] + "\n")
-    mport = free_port()
-    cfg = daemon_config(tmp_path, broker.port, mport, mqtt={"username": "svc/tops", "password_file": str(pw),
-                                                            "client_id": "tops-flood", "keepalive": 30, "timeout": 3.0},
-                        input={"qos": 0, "max_queue": 2000}, output={"status_topic": "", "publish_queue": 5000},
-                        streams={"template": {"holdout": 50}})
-    daemon = DaemonProcess(cfg, mport, tmp_path)
+    daemon, device_pw = shipped_broker_daemon(broker, tmp_path, input_qos=0, timeout=3.0)
     try:
         daemon.wait_connected()
         flood_until_the_broker_drops(broker.port, broker_log, "meters/meter-a/reading", " " * 200 + "5",
