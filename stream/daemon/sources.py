@@ -109,8 +109,9 @@ class FloodResync:
     other devices included, which it counts as in flight: MQTT resends those only on a new connection, and whether an
     answer the daemon awaits was dropped too is a matter of timing, so the watchdog alone misses some floods. That
     queue fills only with QoS 0 messages sent faster than the daemon reads them (the broker's in-flight window bounds
-    QoS 1). So a look that finds QoS 0 messages received while the daemon was behind (bytes left unread on its
-    socket, or QoS 0 messages counted as overload) marks the connection flooded, and the first later look at which
+    QoS 1). So a look that finds QoS 0 messages received while the daemon was behind (more than one read's budget left
+    unread on its socket, or QoS 0 messages counted as overload; a few readings that arrived just before the look are
+    not a backlog) marks the connection flooded, and the first later look at which
     the broker has sent nothing since the last one (the flood and the backlog it left are over: a reconnect throws
     nothing away) asks for one reconnect. The daemon uses it with QoS 1 input on a persistent session only: a clean
     session loses what is in flight on any reconnect, and QoS 0 messages are never resent.
@@ -619,7 +620,7 @@ class MqttLink:
                 if resync is not None:  # messages only: the answers to probes are not what a flood leaves behind
                     messages = queue.received != received
                     qos0 = queue.qos0_received != qos0_received
-                    behind = queue.overload != overload or not self._drained()
+                    behind = queue.overload != overload or self._unread() >= READ_BUDGET
                     received, qos0_received, overload = queue.received, queue.qos0_received, queue.overload
                     if resync.look(sent=messages, qos0=qos0, behind=behind):
                         self._resync()
@@ -648,12 +649,16 @@ class MqttLink:
 
     def _drained(self) -> bool:
         """Whether everything the broker sent has been read from the socket."""
+        return self._unread() == 0
+
+    def _unread(self) -> int:
+        """Bytes the broker sent that are not read yet."""
         if self._reader is None:
-            return True
+            return 0
         try:
-            return self._reader[1].unread() == 0
+            return self._reader[1].unread()
         except (OSError, ValueError):  # the socket is closed: the connection is ending anyway
-            return True
+            return 0
 
     async def _receive(self, client: aiomqtt.Client, queue: IncomingQueue) -> None:
         messages = client.messages

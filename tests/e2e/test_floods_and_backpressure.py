@@ -374,6 +374,29 @@ def test_a_qos0_flood_into_a_qos0_subscription_through_the_shipped_broker_leaves
     assert "Traceback" not in daemon.stderr()
 
 
+def test_bursts_of_qos0_readings_the_daemon_keeps_up_with_cause_no_reconnect(mosquitto, tmp_path: Path) -> None:
+    """Ordinary traffic on the default QoS 1 subscription, persistent session: devices publishing at QoS 0 in bursts
+    (2,000 readings each, with pauses between) that the daemon reads as they come. A few readings waiting on the
+    socket at a look are not a flood: no reconnect after any burst, and every reading is processed."""
+    mport = free_port()
+    cfg = daemon_config(tmp_path, mosquitto.port, mport, output={"status_topic": ""},
+                        streams={"template": {"theta": 50.0}})
+    daemon = DaemonProcess(cfg, mport, tmp_path)
+    try:
+        daemon.wait_connected()
+        for burst in range(10):
+            publish(mosquitto.port, f"meters/m{burst % 3}/reading", [str(i % 90) for i in range(2000)], qos=0)
+            time.sleep(0.5)  # a pause between bursts: the looks at which the broker sent nothing
+        m = wait_for(lambda: (m := daemon.metrics())["tops_ticks_total"] >= 20_000 and m, 60,
+                     what="every reading processed")
+        assert m["tops_ticks_total"] == 20_000
+        assert m["tops_mqtt_resyncs_total"] == 0 and m["tops_mqtt_reconnects_total"] == 0
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    assert "Traceback" not in daemon.stderr()
+
+
 @pytest.fixture
 def mosquitto_small_queue(tmp_path: Path):
     """A broker whose queue for a client holds 1,000 packets (`max_queued_messages 1000`): full within
