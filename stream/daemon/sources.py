@@ -588,10 +588,10 @@ class MqttLink:
         queue = self.queue
         assert queue is not None
         received, qos0_received, overload = queue.received, queue.qos0_received, queue.overload
-        # each probe with the last publish sent before it: a broker that answers in order has sent that publish's
-        # PUBACK before the probe's answer; one still missing ``ack_timeout`` s later (a broker may confirm a publish
-        # once it is stored, after answering what came next) was dropped
-        probes: deque[tuple[asyncio.Future[None], Any]] = deque()
+        # each probe with how many publishes were confirmed when it was sent, and how many were in flight: a broker
+        # that answers in order has sent their PUBACKs before the probe's answer; one still missing ``ack_timeout`` s
+        # later (a broker may confirm a publish once it is stored, after answering what came next) was dropped
+        probes: deque[tuple[asyncio.Future[None], int]] = deque()
         overtaken: tuple[Any, float] | None = None  # such a publish, and when it is given up
         reads, confirmed = self._reads, self.confirmed
         looked_at_reads = self._reads  # reader callbacks run by the last look: the broker sent since, or not
@@ -605,11 +605,11 @@ class MqttLink:
                 answered = confirmed != self.confirmed
                 confirmed = self.confirmed
                 while probes and probes[0][0].done():
-                    probe, sent_before = probes.popleft()
+                    probe, confirmed_by = probes.popleft()  # every publish sent before it confirmed: the count
                     probe.result()  # an error of the probe ends the connection
                     answered = True
-                    if overtaken is None and sent_before is not None and not published(sent_before):
-                        overtaken = (sent_before, loop.time() + self.ack_timeout)
+                    if overtaken is None and self.confirmed < confirmed_by and not published(self.inflight[0][0]):
+                        overtaken = (self.inflight[0][0], loop.time() + self.ack_timeout)
                 if overtaken is not None and published(overtaken[0]):
                     overtaken = None
                 elif overtaken is not None and loop.time() >= overtaken[1]:
@@ -634,8 +634,8 @@ class MqttLink:
                                   f"{self.ack_timeout:g} s")
                 if self._reads != reads and len(probes) < PROBE_LIMIT:
                     reads = self._reads
-                    last = self.inflight[-1][0] if self.inflight else None
-                    probes.append((asyncio.ensure_future(client.unsubscribe(PROBE_TOPIC, timeout=math.inf)), last))
+                    probes.append((asyncio.ensure_future(client.unsubscribe(PROBE_TOPIC, timeout=math.inf)),
+                                   self.confirmed + len(self.inflight)))
         finally:
             for probe, _ in probes:
                 if not probe.done():
