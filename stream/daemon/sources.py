@@ -111,9 +111,9 @@ class FloodResync:
     queue fills only with QoS 0 messages sent faster than the daemon reads them (the broker's in-flight window bounds
     QoS 1). So a look that finds QoS 0 messages received while the daemon was behind (more than one read's budget left
     unread on its socket, or QoS 0 messages counted as overload; a few readings that arrived just before the look are
-    not a backlog) marks the connection flooded, and the first later look at which
-    the broker has sent nothing since the last one (the flood and the backlog it left are over: a reconnect throws
-    nothing away) asks for one reconnect. The daemon uses it with QoS 1 input on a persistent session only: a clean
+    not a backlog) marks the connection flooded, and the first later look at which the broker has sent no message
+    since the last one (the flood and the backlog it left are over: a reconnect throws nothing away) asks for one
+    reconnect. The daemon uses it with QoS 1 input on a persistent session only: a clean
     session loses what is in flight on any reconnect, and QoS 0 messages are never resent.
 
     >>> f = FloodResync()
@@ -605,7 +605,7 @@ class MqttLink:
                 answered = confirmed != self.confirmed
                 confirmed = self.confirmed
                 while probes and probes[0][0].done():
-                    probe, confirmed_by = probes.popleft()  # every publish sent before it confirmed: the count
+                    probe, confirmed_by = probes.popleft()  # the count once every publish sent before it is confirmed
                     probe.result()  # an error of the probe ends the connection
                     answered = True
                     if overtaken is None and self.confirmed < confirmed_by and not published(self.inflight[0][0]):
