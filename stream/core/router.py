@@ -20,10 +20,12 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
 from json.encoder import encode_basestring_ascii  # json.dumps of a str, without its checks
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -41,11 +43,14 @@ from operators.columnar_holdout import (
 from operators.config import ToPSConfig
 from operators.tops import ToPS, choose_ends
 from stream.core.errors import StreamCapError
+from stream.core.row_leases import RowLeases
 from stream.core.ticking import CategoryBins, PeriodBins, PeriodClock
 
 __all__ = ["ReleaseBatch", "Releases", "Router", "RowReleases", "StreamMaker", "StreamRecord"]
 
 log = logging.getLogger("tops.router")
+
+_row_of = attrgetter("operator.row")
 
 _COUNTS = ("ok", "late", "duplicate", "invalid", "failed")
 
@@ -58,7 +63,7 @@ class StreamRecord:
     operator: Any
     name_json: str
     last_seq: int | None = None
-    ticks: int = 0  # ticks processed so far, holdout included (= the next tick's number)
+    own_ticks: int = 0  # :attr:`ticks` of a stream that is not a release row (a release row counts them in its row)
     pending: list[float] | None = None  # readings waiting for the next step (None: none; no list per idle stream)
     pending_ts: list[float] | None = None
     bins: PeriodBins | None = None
@@ -73,6 +78,17 @@ class StreamRecord:
     generation: int = 1  # the key's generation (stream/core/keys.py; a new generation restarts the ticks)
     error_stats: bytes | None = None  # the holdout's statistics for error bars (operators/error_stats.py)
     described: bool = False  # its status line went to stdout in this run (stream/core/sinks.py)
+
+    @property
+    def ticks(self) -> int:
+        """Ticks processed so far, holdout included (= the next tick's number). A release row's are its row's
+        ``ticks`` column, which the compiled release pass advances: the record is not visited per reading."""
+        op = self.operator
+        return int(op.pool.ticks[op.row]) if type(op) is RowOperator else self.own_ticks
+
+    @ticks.setter
+    def ticks(self, n: int) -> None:
+        self.own_ticks = n
 
     def status(self) -> dict[str, Any]:
         """The retained status message of this stream (with the identity that ``tops replay --identity`` takes)."""
@@ -242,6 +258,7 @@ class Router:
         self.holdouts: dict[Any, ColumnarHoldout] | None = None
         self._holdout_of: dict[int, ColumnarHoldout] = {}  # id of a configuration object -> its columnar holdout
         self._released: list[RowReleases] = []  # releases of rows made before the step's flush (add_values)
+        self.leases = RowLeases()  # the release rows an intake may address by row number (release_rows)
 
     def use_columns(self, capacity: int = 1024, ahead: int = 16, *, rows: ColumnarRelease | None = None) -> None:
         """Keep releasing ToPS streams (Recent smoother, lower = 0) as rows of one columnar store from now on, each
@@ -376,6 +393,7 @@ class Router:
         if bins is None:
             if rec.pending is None:
                 rec.pending, rec.pending_ts = [value], [now if ts is None else ts]
+                self._pending_now(rec)
             else:
                 rec.pending.append(value)
                 rec.pending_ts.append(now if ts is None else ts)  # type: ignore[union-attr]
@@ -464,6 +482,7 @@ class Router:
             if values:
                 if rec.pending is None:
                     rec.pending, rec.pending_ts = list(values), [now] * len(values)
+                    self._pending_now(rec)
                 else:
                     rec.pending += values
                     rec.pending_ts += [now] * len(values)  # type: ignore[operator]
@@ -511,6 +530,7 @@ class Router:
             pending = rec.pending
             if pending is None:
                 rec.pending, rec.pending_ts = [values[i]], [now]
+                self._pending_now(rec)
             else:
                 pending.append(values[i])
                 rec.pending_ts.append(now)  # type: ignore[union-attr]
@@ -524,45 +544,58 @@ class Router:
 
     def _release_now(self, recs: list[StreamRecord], values: list[float], now: float) -> None:
         """Readings (``values[i]`` of ``recs[i]``, received at ``now``) of streams that are release rows with nothing
-        pending, released in one compiled pass in their order (each stream's readings in its order, as its own
-        ``process`` takes them: operators/columnar.py); the releases wait for the step's :meth:`flush`, as columns,
-        streams in the order of their first reading. A pass that raises fails its streams only."""
+        pending, released together (:meth:`_release`)."""
+        rows = np.fromiter(map(_row_of, recs), dtype=np.int64, count=len(recs))
+        self._release(rows, np.array(values, dtype=np.float64), now, recs)
+
+    def release_rows(self, rows: np.ndarray, values: np.ndarray, now: float) -> None:
+        """Readings (``values[i]``, received at ``now``) of the release rows ``rows[i]``, which hold a lease
+        (:attr:`leases`: checked by the caller, stream/core/row_leases.py), released together (:meth:`_release`)
+        without visiting a record per reading."""
+        self._release(rows, values, now, None)
+
+    def _release(self, rows: np.ndarray, values: np.ndarray, now: float, recs: list[StreamRecord] | None) -> None:
+        """Readings ``values[i]`` of release rows ``rows[i]`` (streams with nothing pending; ``recs[i]`` their records,
+        or None: the rows' leases name them), released in one compiled pass in their order (each stream's readings in
+        its order, as its own ``process`` takes them: operators/columnar.py); the releases wait for the step's
+        :meth:`flush`, as columns, streams in the order of their first reading. A pass that raises fails its streams
+        only."""
         t0 = time.perf_counter()
         pool = self.pool
         assert pool is not None
-        n = len(recs)
-        rows = np.array([rec.operator.row for rec in recs], dtype=np.int64)
+        n = rows.size
         # the streams in the order of their first reading, and the readings grouped by stream in that order
         distinct, first, inverse, counts = np.unique(rows, return_index=True, return_inverse=True, return_counts=True)
         by_first = np.argsort(first, kind="stable")
         rank = np.empty_like(by_first)
         rank[by_first] = np.arange(by_first.size)
         grouped = np.argsort(rank[inverse.reshape(-1)], kind="stable")
-        streams = [recs[i] for i in first[by_first].tolist()]
+        order = distinct[by_first]
+        streams = self.leases.records[order].tolist() if recs is None else [recs[i] for i in first[by_first].tolist()]
         counts = counts[by_first]
+        ticks = pool.ticks[order]  # each stream's next tick (a copy: the pass advances the column)
         self.counts["ok"] += n
         try:
             # readings were validated on intake (finite numbers) and the rows belong to live records
-            released = pool.process(rows, np.array(values, dtype=np.float64), checked=True)
+            released = pool.process(rows, values, checked=True)
         except Exception as exc:  # a bug: the streams of this pass fail (their rows may have moved), no other
             for rec, k in zip(streams, counts.tolist(), strict=True):
                 self.fail(rec, f"operator failed ({type(exc).__name__}); {k} ticks not released")
             return
-        ticks = np.empty(len(streams), dtype=np.int64)
-        mono = time.monotonic()
-        seen = self.seen
-        for j, (rec, k) in enumerate(zip(streams, counts.tolist(), strict=True)):
-            ticks[j] = t = rec.ticks
-            rec.ticks = t + k
-            rec.last_seen = mono
-            if seen is not None:
+        deque(map(setattr, streams, repeat("last_seen"), repeat(time.monotonic())), maxlen=0)
+        if self.seen is not None:
+            for rec in streams:
                 self._seen_now(rec)
-        rows = distinct[by_first]
         self._released.append(RowReleases(streams, ticks, counts.astype(np.int64), np.full(n, float(now)),
-                                          released[grouped], pool.theta[rows] * pool.resolution[rows]))
+                                          released[grouped], pool.theta[order] * pool.resolution[order]))
         self.ticks_processed += n
         self.ticks_total += n
         self.latencies.append(time.perf_counter() - t0)
+
+    def _pending_now(self, rec: StreamRecord) -> None:
+        """``rec`` has readings waiting for the step: a release row's lease ends (they must go first)."""
+        if type(rec.operator) is RowOperator:
+            self.leases.revoke(rec.operator.row)
 
     def _holdout_report(self, rec: StreamRecord, value: float, seq: int | None) -> None:
         """Local mode: a holdout report feeds the threshold estimate directly; it is not a tick."""
@@ -600,6 +633,8 @@ class Router:
         log.error("stream %r failed: %s; it takes no more readings until the daemon restarts", rec.name, what)
         rec.failed = True
         rec.pending = rec.pending_ts = None
+        if type(rec.operator) is RowOperator:
+            self.leases.revoke(rec.operator.row)
         if rec.phase == "holdout":
             self.in_holdout -= 1
         rec.phase = "failed"
@@ -617,6 +652,7 @@ class Router:
             if self.seen is not None:
                 self._leave_window(rec)
             if type(rec.operator) is RowOperator:
+                self.leases.revoke(rec.operator.row)
                 rec.operator.free()
             elif type(rec.operator) is HoldoutRow:
                 self._detach_from_checkpoint(rec)  # a checkpoint's writer may still read the row: it keeps a copy
@@ -658,12 +694,12 @@ class Router:
             self.ticks_total += n
             self.latencies.append(time.perf_counter() - t0)
             return ReleaseBatch(rec, list(range(first, first + n)), ts, out, math.nan)
+        first = rec.ticks
         if n == 1:
             out = [op.process_one(values[0])]
         else:
             out = op.process(np.asarray(values, dtype=np.float64)).tolist()
-        first = rec.ticks
-        rec.ticks += n
+        rec.ticks = first + n
         self.ticks_processed += n
         self.ticks_total += n
         batch = None
@@ -923,6 +959,7 @@ class Router:
             values = np.array([v for rec in recs for v in rec.pending], dtype=np.float64)  # type: ignore[union-attr]
             ts = np.array([t for rec in recs for t in rec.pending_ts], dtype=np.float64)  # type: ignore[union-attr]
         thetas = pool.theta[row_of] * pool.resolution[row_of]
+        first = pool.ticks[row_of]  # each stream's next tick (a copy: the pass advances the column)
         try:
             # readings were validated on intake (finite numbers) and the rows belong to live records
             released = pool.process(rows, values, checked=True)
@@ -930,11 +967,8 @@ class Router:
             for rec in recs:
                 self.fail(rec, f"operator failed ({type(exc).__name__}); {len(rec.pending)} ticks not released")
             return None
-        first = np.empty(len(recs), dtype=np.int64)
-        for i, (rec, n) in enumerate(zip(recs, lengths, strict=True)):
-            first[i] = t = rec.ticks
+        for rec in recs:
             rec.pending = rec.pending_ts = None
-            rec.ticks = t + n
         n = int(values.size)
         self.ticks_processed += n
         self.ticks_total += n

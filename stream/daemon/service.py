@@ -50,6 +50,7 @@ from stream.core.keys import KeyFileError, derive_stream_key, load_master_key, n
 from stream.core.metrics import MESSAGE_RESULTS, Metrics
 from stream.core.payload import check_stream_name, decode_line, decode_payload_columns, decode_reports
 from stream.core.router import ReleaseBatch, Releases, Router, StreamRecord
+from stream.core.row_leases import SlotRows
 from stream.core.sinks import (
     PublishQueue,
     StdoutSink,
@@ -131,6 +132,7 @@ class Daemon:
         self._new_streams_are_rows = False
         # stdin: the bytes of plain ``stream,value`` lines' names -> slots standing for the names (take_lines)
         self._names = NameTable()
+        self._slot_rows = SlotRows()  # the release row and lease of each slot's stream (take_lines)
         self._new_names: dict[bytes, str] = {}  # names' bytes met, to enter the table once their streams exist
         self._csv_names_max = max(1 << 16, 2 * cfg.streams.max_streams)
         self.cap_readings = 0
@@ -533,29 +535,54 @@ class Daemon:
 
         One compiled pass (stream/core/_line_scan.py) splits the lines, finds the name of each plain
         ``stream,value`` line in the table of names already taken and parses its value (the double ``float()``
-        gives); every other line goes to :meth:`take_line`, the full decoder. The plain lines of known streams, and
-        the first lines of new streams (:meth:`first_line_of_new_stream`), are taken together (:meth:`add_values`),
-        those before any other line first, so that every stream keeps its order."""
+        gives); every other line goes to :meth:`take_line`, the full decoder. The lines of streams whose release rows
+        hold a lease (:meth:`renew_leases`) are taken by row, in one pass (:meth:`release_rows`); the others through
+        their records (:meth:`take_by_record`)."""
         now = time.time()
         limit, default = self.cfg.input.max_payload_bytes, self.cfg.input.default_stream
         if data and not data.endswith(b"\n"):
             data += b"\n"
         scan = ScannedLines(data, limit, self._names)
         n = scan.count
-        kinds, values = scan.kinds[:n], scan.values[:n]
+        kinds, values, slots = scan.kinds[:n], scan.values[:n], scan.slots[:n]
+        known = kinds == PLAIN_KNOWN
+        rows = self._slot_rows.of(np.where(known, slots, -1), self.router.leases)
+        if known.all():
+            leased = rows >= 0
+            if leased.all():  # the common chunk: every line a reading of a release row that holds its lease
+                self.release_rows(rows, values, now)
+                self.safe_step()
+                return
+            if leased.any():  # their streams have no other line in the chunk: taken first
+                self.release_rows(rows[leased], values[leased], now)
+            rest = np.flatnonzero(~leased)
+        else:
+            rest = np.arange(n)
+        self.take_by_record(scan, rest, now, limit, default)
+        self.renew_leases(np.unique(slots[rest[known[rest]]]))
+        self.learn_names()
+        self.safe_step()
+
+    def take_by_record(self, scan: ScannedLines, lines: np.ndarray, now: float, limit: int,
+                       default: str | None) -> None:
+        """Lines ``lines`` of a scanned chunk (in order) through their streams' records: the plain lines of known
+        streams, and the first lines of new streams (:meth:`first_line_of_new_stream`), together
+        (:meth:`add_values`), those before any other line first, so that every stream keeps its order; every other
+        line through :meth:`take_line`."""
+        kinds = scan.kinds[lines]
         known = kinds == PLAIN_KNOWN
         # the record of each known name's stream (None: it left memory since, and is met anew)
-        found = list(map(self.router.streams.get, self._names.values[np.where(known, scan.slots[:n], 0)]))
+        found = list(map(self.router.streams.get, self._names.values[np.where(known, scan.slots[lines], 0)]))
         if None in found:
             gone = known & np.array([rec is None for rec in found])
             kinds[gone] = PLAIN_NEW
             known &= ~gone
         special = np.flatnonzero(~known).tolist()
-        if not special:  # the common chunk: every line a plain line of a known stream
-            self.add_values(found, values.tolist(), now)
-            self.safe_step()
+        value_list = scan.values[lines].tolist()
+        if not special:
+            self.add_values(found, value_list, now)
             return
-        value_list = values.tolist()
+        line_of = lines.tolist()
         # a new stream's record is made at the chunk's next call of add_values, with the other new streams met since:
         # ``born`` gives its index, which stands for its record in ``recs`` until then (new_streams_in_bulk)
         recs: list[StreamRecord | int] = []
@@ -566,8 +593,8 @@ class Daemon:
             recs += found[at:i]
             taken += value_list[at:i]
             at = i + 1
-            if kinds[i] == PLAIN_NEW and (got := self.first_line_of_new_stream(scan.name(i), value_list[i], now,
-                                                                               born)) is not None:
+            if kinds[i] == PLAIN_NEW and (got := self.first_line_of_new_stream(scan.name(line_of[i]), value_list[i],
+                                                                               now, born)) is not None:
                 recs.append(got)
                 taken.append(value_list[i])
                 continue
@@ -575,7 +602,7 @@ class Daemon:
                 self.add_values(recs, taken, now, born)
                 recs, taken, born = [], [], {}
             try:
-                self.take_line(scan.line(i), now, limit, default)
+                self.take_line(scan.line(line_of[i]), now, limit, default)
             except OSError:
                 raise
             except Exception as exc:
@@ -584,8 +611,28 @@ class Daemon:
         taken += value_list[at:]
         if recs:
             self.add_values(recs, taken, now, born)
-        self.learn_names()
-        self.safe_step()
+
+    def renew_leases(self, slots: np.ndarray) -> None:
+        """The streams of name-table slots ``slots`` (distinct) that are release rows able to take readings at once
+        get a lease on their rows (stream/core/row_leases.py): their next lines are taken by row."""
+        if slots.size:
+            recs = map(self.router.streams.get, self._names.values[slots])
+            self._slot_rows.learn(slots, *self.router.leases.grant(recs))
+
+    def release_rows(self, rows: np.ndarray, values: np.ndarray, now: float) -> None:
+        """Plain lines (one reading each, a line one message) of streams whose release rows hold a lease: taken
+        together by row (``Router.release_rows``)."""
+        try:
+            self.intake.release_rows(rows, values, now)
+        except OSError:  # the journal's disk: what a full disk does is decided there
+            raise
+        except Exception as exc:  # a bug: the streams of these lines fail (as one line's would), no other
+            streams = [rec for rec in self.router.leases.records[np.unique(rows)].tolist() if rec is not None]
+            for rec in streams:
+                self.message_failed(exc, f"stdin line for stream {rec.name!r}", rec)
+            self.msg_counts["failed"] += rows.size - len(streams)
+            return
+        self.msg_counts["ok"] += rows.size
 
     def first_line_of_new_stream(self, raw: bytes, value: float, now: float,
                                  born: dict[str, int]) -> StreamRecord | int | None:
@@ -626,7 +673,7 @@ class Daemon:
         if not learnt:
             return
         if len(self._names) + len(learnt) > self._csv_names_max:
-            self._names = NameTable()
+            self._names, self._slot_rows = NameTable(), SlotRows()
         self._names.add([raw for raw, _ in learnt], [name for _, name in learnt])
 
     def new_streams_in_bulk(self) -> bool:

@@ -1,13 +1,15 @@
 """The daemon's intake with durable state: every reading the router accepts goes to the journal.
 
-:class:`JournaledIntake` wraps the router's intake (``add``, ``add_many``, ``add_values``) and is what the daemon
-calls when ``[state] data_dir`` is set: each call is the router's, then the readings it accepted are appended to the
-journal in their order (the readings of one message make one line), each with the time its tick was decided by, and
-their streams are marked changed for the next checkpoint. The journal's lines are made durable by the sync loop
-before any release that depends on them leaves the process (stream/daemon/durability.py).
+:class:`JournaledIntake` wraps the router's intake (``add``, ``add_many``, ``add_values``, ``release_rows``) and
+is what the daemon calls when ``[state] data_dir`` is set: each call is the router's, then the readings it accepted
+are appended to the journal in their order (the readings of one message make one line), each with the time its tick
+was decided by, and their streams are marked changed for the next checkpoint. The journal's lines are made durable
+by the sync loop before any release that depends on them leaves the process (stream/daemon/durability.py).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from stream.core.router import Router, StreamRecord
 from stream.state.journal import Journal
@@ -27,6 +29,7 @@ class JournaledIntake:
         self._add = router.add
         self._add_many = router.add_many
         self._add_values = router.add_values
+        self._release_rows = router.release_rows
 
     def add(self, rec: StreamRecord, value: float, ts: float | None, seq: int | None, now: float) -> str:
         """``Router.add``, then the accepted reading goes to the journal (with the time its tick was decided by:
@@ -65,3 +68,12 @@ class JournaledIntake:
                 append(rec.name_json, values[i], now, None)
                 changed.add(rec.name)
         return left
+
+    def release_rows(self, rows: np.ndarray, values: np.ndarray, now: float) -> None:
+        """``Router.release_rows``, then every reading goes to the journal, in its order."""
+        self._release_rows(rows, values, now)
+        recs = self.router.leases.records[rows].tolist()
+        append, changed = self.journal.append_json, self.changed
+        for rec, value in zip(recs, values.tolist(), strict=True):
+            append(rec.name_json, value, now, None)
+            changed.add(rec.name)
