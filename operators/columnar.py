@@ -259,11 +259,43 @@ class ColumnarRelease(RowStore):
         (:func:`born_releasing`: it releases from its first reading), without building that operator: the theta in
         units ``max(1, round(theta / resolution))``, the layers kept, the Recent smoother's prior (theta / 2) and
         nothing drawn yet, as ``ToPS._start_release`` sets them (computed once a configuration)."""
-        if not born_releasing(config):
-            msg = "only a configuration with a public theta, the recent smoother and lower = 0 is born a row"
-            raise ValueError(msg)
+        theta, s, st, bound_units = self._birth(config)
         if not isinstance(key, (bytes, bytearray)) or len(key) != _KEY_BYTES:
             msg = f"a stream key is {_KEY_BYTES} bytes"
+            raise ValueError(msg)
+        return self._put(config, bytes(key), theta, s, st, 0, 0, bound_units, 0)
+
+    def add_new_many(self, config: ToPSConfig, keys: list[bytes]) -> np.ndarray:
+        """:meth:`add_new` of many new streams of ``config`` at once (a chunk of input's new streams): their rows, in
+        order, each written as :meth:`_put` writes it, in a few array writes."""
+        theta, s, st, bound_units = self._birth(config)
+        rows, _ = self.new_rows(len(keys))
+        try:
+            self.write_keys(rows, keys)
+        except ValueError:
+            self._give_back_many(rows)
+            raise
+        self.config[rows] = self._config_id(config)
+        self.theta[rows] = theta
+        self.layers_kept[rows] = s
+        self.width[rows] = st.leaf_ticks
+        self.pos[rows] = st.pos
+        self.leaf_sum[rows] = st.leaf_sum
+        self.pred[rows] = st.pred
+        self.u0[rows] = st.total
+        self.ticks[rows] = self.clamped[rows] = 0
+        self.bound[rows] = config.bound
+        self.bound_units[rows] = bound_units
+        self.resolution[rows] = config.resolution
+        self.head[rows] = self.avail[rows] = self.drawn[rows] = 0
+        self.walk_known[rows] = 0
+        return rows
+
+    def _birth(self, config: ToPSConfig) -> tuple[int, int, SmootherState, int]:
+        """What a new row of ``config`` (:func:`born_releasing`) starts from: theta in units, the layers kept, the
+        smoother's state and the bound in units (computed once a configuration)."""
+        if not born_releasing(config):
+            msg = "only a configuration with a public theta, the recent smoother and lower = 0 is born a row"
             raise ValueError(msg)
         hit = self._births.get(id(config))
         if hit is None or hit[0] is not config:
@@ -275,8 +307,7 @@ class ColumnarRelease(RowStore):
             hit = (config, (theta, s, st, math.floor(config.span / config.resolution + 1e-9)))
             if len(self._births) < 256:
                 self._births[id(config)] = hit
-        theta, s, st, bound_units = hit[1]
-        return self._put(config, bytes(key), theta, s, st, 0, 0, bound_units, 0)
+        return hit[1]
 
     def add_chosen(self, op: ToPS, sel: Selection) -> int:
         """The row :meth:`add` makes of ``op`` once ``op.start(sel)`` started it, without building the walk and the

@@ -107,6 +107,14 @@ def _find(key: np.ndarray, index: np.ndarray, arena: np.ndarray, name_at: np.nda
 
 
 @numba.njit(cache=True, nogil=True)
+def _find_many(key: np.ndarray, index: np.ndarray, arena: np.ndarray, name_at: np.ndarray, data: np.ndarray,
+               bounds: np.ndarray, out: np.ndarray) -> None:
+    """The slot (or -1) of each name ``data[bounds[i]:bounds[i + 1]]``, into ``out[i]``."""
+    for i in range(out.size):
+        out[i] = _find(key, index, arena, name_at, data, bounds[i], bounds[i + 1])
+
+
+@numba.njit(cache=True, nogil=True)
 def _place(key: np.ndarray, index: np.ndarray, arena: np.ndarray, name_at: np.ndarray, first: int, stop: int) -> None:
     """Enter slots ``first .. stop - 1`` (their names already in the arena) into ``index``."""
     mask = np.int64(index.size - 1)
@@ -247,6 +255,16 @@ class NameTable:
             _place(self.key, self.index, self.arena, self.name_at, 0, stop)
         else:
             _place(self.key, self.index, self.arena, self.name_at, first, stop)
+
+    def slots(self, names: list[bytes]) -> np.ndarray:
+        """The slot of each of ``names`` (-1: not in the table), in one compiled pass."""
+        out = np.empty(len(names), dtype=np.int64)
+        if names:
+            bounds = np.zeros(len(names) + 1, dtype=np.int64)
+            np.cumsum(np.fromiter(map(len, names), dtype=np.int64, count=len(names)), out=bounds[1:])
+            data = np.frombuffer(b"".join(names), dtype=np.uint8)
+            _find_many(self.key, self.index, self.arena, self.name_at, data, bounds, out)
+        return out
 
     def slot(self, name: bytes) -> int:
         """The slot of ``name``, or -1."""

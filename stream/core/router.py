@@ -326,6 +326,14 @@ class Router:
             raise ValueError(msg)
         return RowOperator(self.pool, self.pool.add_new(cfg, key))
 
+    def release_rows_new(self, cfg: ToPSConfig, keys: list[bytes]) -> list[RowOperator]:
+        """:meth:`release_row` of many new streams at once (their rows made together), in order."""
+        if self.pool is None or not born_releasing(cfg):
+            msg = "only a configuration with a public theta whose streams rows hold, once the router uses columns"
+            raise ValueError(msg)
+        pool = self.pool
+        return [RowOperator(pool, r) for r in pool.add_new_many(cfg, keys).tolist()]
+
     def record(self, name: str, now: float | None = None) -> StreamRecord:
         """The stream's record, created on first sight; :class:`StreamCapError` past the cap. ``now``: the time
         of the reading that creates it (its periods open from there; default: the clock now)."""
@@ -355,26 +363,32 @@ class Router:
 
     def records_new(self, names: list[str], ops: list[Any], identity: str) -> list[StreamRecord]:
         """The records :meth:`record` makes of new streams ``names`` (none known yet, distinct, within the cap) whose
-        operators, made together, are ``ops``: holdout rows (:meth:`holdout_rows`), in a router without periods (what
-        a chunk of stdin's new streams get), whose maker is a plain one (it adds nothing to a new record).
-        ``identity``: the one their keys derive from."""
+        operators, made together, are ``ops``: holdout rows (:meth:`holdout_rows`) or release rows
+        (:meth:`release_rows_new`), all of one kind, in a router without periods (what a chunk of stdin's new streams
+        get), whose maker is a plain one (it adds nothing to a new record). ``identity``: the one their keys derive
+        from."""
         streams, status_now = self.streams, self.status_now
+        kind = type(ops[0]) if ops else HoldoutRow
         if self.clock is not None or len(streams) + len(names) > self.max_streams \
-                or type(self.maker) is not StreamMaker or not all(type(op) is HoldoutRow for op in ops):
-            msg = "records_new takes new holdout rows within the stream cap, without periods, with a plain maker"
+                or type(self.maker) is not StreamMaker or kind not in (HoldoutRow, RowOperator) \
+                or not all(type(op) is kind for op in ops):
+            msg = ("records_new takes new holdout rows or release rows within the stream cap, without periods, with a "
+                   "plain maker")
             raise ValueError(msg)
+        phase = "holdout" if kind is HoldoutRow else "releasing"
         mono = time.monotonic()
         seen = self.seen
         out: list[StreamRecord] = []
         for name, op in zip(names, ops, strict=True):
             rec = StreamRecord(name=name, operator=op, name_json=encode_basestring_ascii(name), last_seen=mono,
-                               identity=identity)
+                               identity=identity, phase=phase)
             streams[name] = rec
             if seen is not None:
                 self._seen_now(rec)
             out.append(rec)
-        self.in_holdout += len(out)
-        status_now.extend(zip(out, repeat("holdout")))
+        if kind is HoldoutRow:
+            self.in_holdout += len(out)
+        status_now.extend(zip(out, repeat(phase)))
         return out
 
     def add(self, rec: StreamRecord, value: float, ts: float | None, seq: int | None, now: float) -> str:

@@ -209,6 +209,8 @@ def status_lines(recs: list[StreamRecord]) -> list[str | None]:
     (the common one) is written without building its status object first (its name's JSON is the record's, its
     theta, identity and generation formatted as the JSON encoder formats them)."""
     out: list[str | None] = []
+    templates: dict[tuple[int, int], str] = {}  # the template's part of the params, by configuration and s
+    shared: dict[tuple[int, int, int], str] = {}  # the whole params of streams without statistics (a public theta)
     for rec in recs:
         op = rec.operator
         if type(op) is not RowOperator or rec.failed or type(rec.generation) is not int \
@@ -216,7 +218,8 @@ def status_lines(recs: list[StreamRecord]) -> list[str | None]:
             out.append(status_line(rec))
             continue
         pool, r = op.pool, op.row
-        cfg = pool.configs[int(pool.config[r])]
+        ci = int(pool.config[r])
+        cfg = pool.configs[ci]
         theta_units = int(pool.theta[r])
         theta = cfg.lower + theta_units * cfg.resolution
         if theta != theta or theta in (math.inf, -math.inf):  # what the JSON encoder spells its own way
@@ -224,9 +227,17 @@ def status_lines(recs: list[StreamRecord]) -> list[str | None]:
             continue
         who = f',"identity":{encode_basestring_ascii(rec.identity)},"generation":{rec.generation}' \
             if rec.identity else ""
-        own = stream_params_json(cfg, theta_units, rec.error_stats)
-        out.append(f'{{"stream":{rec.name_json},"phase":"releasing","theta":{float(theta)!r}{who},'
-                   f'"params":{{{_template_json(cfg, int(pool.layers_kept[r]))},{own[1:]}}}')
+        s = int(pool.layers_kept[r])
+        stats = rec.error_stats
+        params = shared.get((ci, s, theta_units)) if stats is None else None
+        if params is None:
+            template = templates.get((ci, s))
+            if template is None:
+                template = templates[ci, s] = _template_json(cfg, s)
+            params = f'{template},{stream_params_json(cfg, theta_units, stats)[1:]}'
+            if stats is None:
+                shared[ci, s, theta_units] = params
+        out.append(f'{{"stream":{rec.name_json},"phase":"releasing","theta":{float(theta)!r}{who},"params":{{{params}}}')
     return out
 
 

@@ -129,7 +129,7 @@ class Daemon:
         self._keyed: Callable[[bytes], Any] | None = None  # keyed_operator's maker, its settings read once
         self._master: bytes | None = None  # the master key, where new streams are keyed operators (a secret)
         # whether keyed_operator makes plain holdout rows (_keyed_maker; new_streams_in_bulk)
-        self._new_streams_are_rows = False
+        self._rows_of_new_keys: Callable[[list[bytes]], list[Any]] | None = None  # (new_streams_in_bulk)
         # stdin: the bytes of plain ``stream,value`` lines' names -> slots standing for the names (take_lines)
         self._names = NameTable()
         self._slot_rows = SlotRows()  # the release row and lease of each slot's stream (take_lines)
@@ -284,19 +284,21 @@ class Daemon:
 
     def _keyed_maker(self) -> Callable[[bytes], Any]:
         """What :meth:`keyed_operator` makes of a key, decided once (not looked up in the configuration per
-        key); ``_new_streams_are_rows`` says whether it is a plain holdout row (:meth:`new_streams_in_bulk`)."""
+        key); ``_rows_of_new_keys`` makes the rows of many new streams' keys at once when each is a plain row, in its
+        holdout or releasing (:meth:`new_streams_in_bulk`)."""
         category, template, method = self.cfg.category, self.cfg.template, self.cfg.streams.method
-        self._new_streams_are_rows = False
+        self._rows_of_new_keys = None
         if category is not None:
             make = self._keyed = lambda key: histogram_operator(category, key)
         elif method == "tops" and self.router.holdouts is not None and born_in_rows(template):
             # a new stream is the holdout row its ToPS would become, made without that ToPS (whose cost is mostly the
             # collector's share of the objects made and dropped)
             make = self._keyed = partial(self.router.holdout_row, template)
-            self._new_streams_are_rows = True
+            self._rows_of_new_keys = partial(self.router.holdout_rows, template)
         elif method == "tops" and self.router.pool is not None and born_releasing(template):
             # a public theta: a new stream is the release row its ToPS would become, made without that ToPS
             make = self._keyed = partial(self.router.release_row, template)
+            self._rows_of_new_keys = partial(self.router.release_rows_new, template)
         else:
             make = self._keyed = lambda key: build_operator(template, method, key)
         return make
@@ -669,31 +671,33 @@ class Daemon:
         names starts a new table)."""
         met, self._new_names = self._new_names, {}
         streams = self.router.streams
-        learnt = [(raw, name) for raw, name in met.items() if name in streams and self._names.slot(raw) < 0]
-        if not learnt:
+        made = [(raw, name) for raw, name in met.items() if name in streams]
+        if not made:
             return
+        learnt = list(compress(made, (self._names.slots([raw for raw, _ in made]) < 0).tolist()))
         if len(self._names) + len(learnt) > self._csv_names_max:
             self._names, self._slot_rows = NameTable(), SlotRows()
         self._names.add([raw for raw, _ in learnt], [name for _, name in learnt])
 
     def new_streams_in_bulk(self) -> bool:
-        """Whether new streams are the plain holdout rows :meth:`keyed_operator` makes (its own decision, with the
-        daemon's keyed factory as the router's: no durable state, no factory given; and no periods): then a stdin
-        chunk's new streams are made together (:meth:`make_new_streams`: their keys, rows and records), as one at a time
-        they would be."""
+        """Whether new streams are the plain rows (in their holdout, or releasing with a public theta) that
+        :meth:`keyed_operator` makes (its own decision, with the daemon's keyed factory as the router's: no durable
+        state, no factory given; and no periods): then a stdin chunk's new streams are made together
+        (:meth:`make_new_streams`: their keys, rows and records), as one at a time they would be."""
         if self._master is None or self.durable is not None or self.router.clock is not None:
             return False
         if self._keyed is None:
             self._keyed_maker()
-        return self._new_streams_are_rows
+        return self._rows_of_new_keys is not None
 
     def make_new_streams(self, names: list[str]) -> list[StreamRecord]:
         """The records of new streams ``names`` (distinct, unknown, within the cap), made together: what
         :meth:`stream_record` makes of each (``new_streams_in_bulk``)."""
         master, identity, router = self._master, self.identity, self.router
         assert master is not None
+        assert self._rows_of_new_keys is not None
         keys = [derive_stream_key(master, name, identity=identity) for name in names]
-        return router.records_new(names, router.holdout_rows(self.cfg.template, keys), identity)
+        return router.records_new(names, self._rows_of_new_keys(keys), identity)
 
     def add_values(self, recs: list[StreamRecord | int], values: list[float], now: float,
                    born: dict[str, int] | None = None) -> None:

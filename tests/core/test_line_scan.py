@@ -111,3 +111,7 @@ def test_every_name_is_found_by_its_bytes_as_the_table_grows() -> None:
     sample = rng.choice(len(names), 5_000, replace=False)
     assert all(table.slot(names[i]) == i for i in sample.tolist())
     assert table.slot(b"m50000") == -1 and table.slot(b"") == -1 and table.slot(b"m1\x00") == -1
+    absent = [b"m50000", b"", b"m1\x00"]
+    asked = [names[i] for i in sample.tolist()] + absent
+    assert table.slots(asked).tolist() == [*sample.tolist(), -1, -1, -1]
+    assert table.slots([]).tolist() == []

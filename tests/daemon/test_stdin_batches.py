@@ -156,17 +156,21 @@ def _hostile_new_lines() -> list[list[bytes]]:
     return chunks
 
 
-@pytest.mark.parametrize("template", [TPL, {**TPL, "holdout": 3}, {**TPL, "holdout": 3, "holdout_grid": "compact"}],
-                         ids=["operators", "exact rows", "compact rows"])
+PUBLIC_THETA = {"epsilon": 1.0, "bound": 20.0, "theta": 10.0, "fanout": 2, "query_range": 64}
+
+
+@pytest.mark.parametrize("template", [TPL, {**TPL, "holdout": 3}, {**TPL, "holdout": 3, "holdout_grid": "compact"},
+                                      PUBLIC_THETA], ids=["operators", "exact rows", "compact rows", "release rows"])
 def test_new_streams_first_lines_are_decided_as_one_line_at_a_time_decides_them(tmp_path: Path, monkeypatch,
                                                                                 template: dict) -> None:
     """Three daemons on one key file and one identity, the same hostile chunks (and a stream cap that the chunks
     cross): one takes a new stream's line with the chunk's plain lines, its record made with the chunk's other new
-    streams' where they are holdout rows (``make_new_streams``), one makes each record as its line is met, the third
-    goes line by line (``first_line_of_new_stream`` off). The same streams (in their order, with their identity),
-    counts, rejections and releases."""
+    streams' where they are holdout rows or release rows (``make_new_streams``), one makes each record as its line
+    is met, the third goes line by line (``first_line_of_new_stream`` off). The same streams (in their order, with
+    their identity), counts, rejections and releases."""
     runs = []
-    together = template["holdout"] == 3  # new streams are holdout rows (operators.columnar_holdout.born_in_rows)
+    # new streams are holdout rows (operators.columnar_holdout.born_in_rows) or release rows (a public theta)
+    together = template.get("holdout") == 3 or "theta" in template
     for mode in ("together", "one by one", "line by line"):
         d, text = _daemon(tmp_path, template, max_streams=40)
         d.identity = "0" * 32

@@ -136,6 +136,34 @@ def test_rows_born_with_a_public_theta_refill_together_as_their_operators_would_
         assert np.array_equal(out[rows == r], ToPS(cfg, key).process(values)), r
 
 
+@pytest.mark.parametrize("cfg", SHAPES[:7], ids=range(7))
+def test_rows_born_together_are_the_rows_born_one_at_a_time_even_in_freed_rows(cfg: ToPSConfig) -> None:
+    """``add_new_many`` (a chunk's new streams) writes every column ``add_new`` writes, into rows freed by streams
+    that released before (whose numbers must not leak into the new ones), and the rows release what each stream's
+    own ToPS releases."""
+    rng = np.random.default_rng(7)
+    keys = [rng.bytes(32) for _ in range(30)]
+    one, many = ColumnarRelease(capacity=4, ahead=3), ColumnarRelease(capacity=4, ahead=3)
+    for cols in (one, many):
+        old = [cols.add_new(cfg, rng.bytes(32)) for _ in range(12)]
+        cols.process(np.repeat(np.array(old), 40), rng.uniform(0, 60, 480))
+        for r in old[::2]:
+            cols.release(r)
+    rows_one = np.array([one.add_new(cfg, k) for k in keys])
+    rows_many = many.add_new_many(cfg, keys)
+    assert np.array_equal(rows_one, rows_many)
+    for name, _, _ in one._columns():
+        if name not in ("noise", "shift"):  # drawn at a row's first refill
+            assert np.array_equal(getattr(one, name)[rows_one], getattr(many, name)[rows_many]), name
+    per_row = {r: rng.uniform(0, 60, 90) for r in rows_many.tolist()}
+    rows, vals = _interleaved(rng, per_row)
+    out = _in_batches(many, rng, rows, vals)
+    for (r, values), key in zip(per_row.items(), keys, strict=True):
+        assert np.array_equal(out[rows == r], ToPS(cfg, key).process(values)), r
+    with pytest.raises(ValueError, match="32 bytes"):
+        many.add_new_many(cfg, [b"short"])
+
+
 def test_a_batch_in_which_every_row_runs_out_refills_them_all_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = SHAPES[0]
     rng = np.random.default_rng(11)
