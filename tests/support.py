@@ -488,6 +488,17 @@ def release_lines(text: str | bytes) -> list[dict]:
     return [r for r in map(json.loads, text.splitlines()) if "tick" in r]
 
 
+def own_releases(d: Daemon, key_file: Path, name: str, values: list[float]) -> dict[int, float]:
+    """What stream ``name`` of daemon ``d`` releases by tick when its own operator (its key from ``key_file`` and the
+    daemon's identity) takes ``values`` in their order."""
+    from stream.core.config import build_operator
+    from stream.core.keys import derive_stream_key, load_master_key
+
+    key = derive_stream_key(load_master_key(key_file), name, identity=d.identity)
+    rel = build_operator(d.cfg.template, "tops", key).process(np.array(values))
+    return {t: float(v) for t, v in enumerate(rel) if not np.isnan(v)}
+
+
 def stdin_config(tmp: Path, **state: object) -> Path:
     """A stdin -> stdout configuration with durable state in ``tmp/state``."""
     return write_toml(tmp / "tops.toml", {

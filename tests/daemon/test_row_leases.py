@@ -13,10 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from stream.core.config import build_config, build_operator
-from stream.core.keys import derive_stream_key, load_master_key
+from stream.core.config import build_config
 from stream.daemon import service as daemon_mod
-from tests.support import release_lines
+from tests.support import own_releases, release_lines
 
 PUBLIC = {"epsilon": 1.0, "bound": 20.0, "theta": 10.0, "fanout": 2, "query_range": 64}
 HELD = {"epsilon": 1.0, "bound": 20.0, "holdout": 4, "fanout": 2, "query_range": 64}
@@ -38,12 +37,6 @@ def _releases(text: io.StringIO, made_anew: str = "") -> dict[str, dict[int, flo
         assert r["stream"] in made_anew or r["tick"] not in out.get(r["stream"], {}), "a tick released twice"
         out.setdefault(r["stream"], {})[r["tick"]] = r["value"]
     return out
-
-
-def _own(d: daemon_mod.Daemon, tmp_path: Path, name: str, values: list[float]) -> dict[int, float]:
-    key = derive_stream_key(load_master_key(tmp_path / "k"), name, identity=d.identity)
-    rel = build_operator(d.cfg.template, "tops", key).process(np.array(values))
-    return {t: float(v) for t, v in enumerate(rel) if not np.isnan(v)}
 
 
 def _round(names: str, rng: np.random.Generator, want: dict[str, list[float]]) -> list[bytes]:
@@ -71,7 +64,7 @@ def test_lines_of_release_rows_are_taken_by_row_and_release_what_each_stream_rel
         assert _taken_by_row(d, "abcdef")
         got = _releases(text)
         for name, values in want.items():
-            assert got[name] == _own(d, tmp_path, name, values), name
+            assert got[name] == own_releases(d, tmp_path / "k", name, values), name
             assert d.router.streams[name].ticks == len(values)
         assert d.msg_counts["ok"] == sum(map(len, want.values()))
 
@@ -109,8 +102,8 @@ def test_a_row_that_passes_to_another_stream_never_takes_the_former_streams_line
     for _ in range(4):
         d.on_lines(_round("acb", rng, later))
     got = _releases(text, made_anew="a")
-    assert got["c"] == _own(d, tmp_path, "c", want["c"] + later["c"])
-    assert got["b"] == _own(d, tmp_path, "b", want["b"] + later["b"])
+    assert got["c"] == own_releases(d, tmp_path / "k", "c", want["c"] + later["c"])
+    assert got["b"] == own_releases(d, tmp_path / "k", "b", want["b"] + later["b"])
     assert d.router.streams["a"].ticks == 4  # made anew (no durable state): its own readings only
     assert d.router.streams["c"].ticks == 5
 
@@ -134,7 +127,7 @@ def test_readings_waiting_for_the_step_go_before_lines_taken_by_row(tmp_path: Pa
     assert _taken_by_row(d, "abc")
     got = _releases(text)
     for name, values in want.items():
-        assert got[name] == _own(d, tmp_path, name, values), name
+        assert got[name] == own_releases(d, tmp_path / "k", name, values), name
 
 
 def test_with_durable_state_every_reading_taken_by_row_is_in_the_journal(tmp_path: Path) -> None:

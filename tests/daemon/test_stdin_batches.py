@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stream.core.config import build_config, build_operator
-from stream.core.keys import derive_stream_key, load_master_key
+from stream.core.config import build_config
 from stream.daemon import service as daemon_mod
-from tests.support import release_lines
+from tests.support import own_releases, release_lines
 
 TPL = {"epsilon": 1.0, "bound": 20.0, "holdout": 6, "fanout": 2, "query_range": 64}
 
@@ -37,13 +36,6 @@ def _releases(text: io.StringIO) -> dict[str, dict[int, float]]:
     for r in release_lines(text.getvalue()):
         out.setdefault(r["stream"], {})[r["tick"]] = r["value"]
     return out
-
-
-def _own(d: daemon_mod.Daemon, tmp_path: Path, name: str, values: list[float]) -> dict[int, float]:
-    """The stream's own operator, fed its readings in their order (the same key as the daemon's)."""
-    key = derive_stream_key(load_master_key(tmp_path / "k"), name, identity=d.identity)
-    rel = build_operator(d.cfg.template, "tops", key).process(np.array(values))
-    return {t: float(v) for t, v in enumerate(rel) if not np.isnan(v)}
 
 
 def test_a_chunk_that_mixes_plain_and_other_lines_keeps_each_streams_order(tmp_path: Path) -> None:
@@ -70,7 +62,7 @@ def test_a_chunk_that_mixes_plain_and_other_lines_keeps_each_streams_order(tmp_p
     got = _releases(text)
     for name, values in want.items():
         assert len(values) > TPL["holdout"] + 10
-        assert got[name] == _own(d, tmp_path, name, values), name
+        assert got[name] == own_releases(d, tmp_path / "k", name, values), name
     assert d.msg_counts["ok"] == sum(map(len, want.values()))
     assert d.msg_counts["invalid"] == sum(line.endswith(b",inf") for c in chunks for line in c) > 5
 
