@@ -128,8 +128,9 @@ class Daemon:
         self.msg_counts = dict.fromkeys(MESSAGE_RESULTS, 0)
         self._keyed: Callable[[bytes], Any] | None = None  # keyed_operator's maker, its settings read once
         self._master: bytes | None = None  # the master key, where new streams are keyed operators (a secret)
-        # whether keyed_operator makes plain holdout rows (_keyed_maker; new_streams_in_bulk)
-        self._rows_of_new_keys: Callable[[list[bytes]], list[Any]] | None = None  # (new_streams_in_bulk)
+        # the rows of many new streams' keys made at once, where keyed_operator makes plain rows (_keyed_maker;
+        # new_streams_in_bulk); None: new streams are made one at a time
+        self._rows_of_new_keys: Callable[[list[bytes]], list[Any]] | None = None
         # stdin: the bytes of plain ``stream,value`` lines' names -> slots standing for the names (take_lines)
         self._names = NameTable()
         self._slot_rows = SlotRows()  # the release row and lease of each slot's stream (take_lines)
