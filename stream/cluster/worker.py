@@ -46,6 +46,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 from stream.cluster.jetstream import Names, ensure, key_check, state_key
 from stream.cluster.leases import lease_key, share, wanted
+from stream.cluster.pipeline import BatchPull, ReleasePublisher, ack_sequences
 from stream.core.config import DaemonConfig, build_operator, stream_params
 from stream.core.errors import PayloadError, StreamCapError
 from stream.core.keys import derive_stream_key, load_master_key, new_identity
@@ -63,7 +64,8 @@ log = logging.getLogger("tops.cluster")
 # timeout, its partition's lease renewed meanwhile
 CONSUMER_TIMEOUT = 30.0
 PUBLISH_TIMEOUT = 5.0  # seconds for the releases sent to be confirmed, once their confirmations are gathered
-PUBLISH_PENDING = 4096  # releases sent and not yet confirmed, at most (below the client's own bound, never waited on)
+PUBLISH_PENDING = 4096  # releases sent and not yet confirmed, at most (then the sends before are confirmed first)
+ARRIVAL_WAIT = 0.05  # seconds a step waits for a message when no partition has one
 
 
 class WorkerError(RuntimeError):
@@ -113,7 +115,8 @@ class ClusterWorker:
         self.js_seq: dict[str, int] = {}  # stream -> last input sequence in its state
         self.state_rev: dict[str, int | None] = {}
         self.changed: set[str] = set()
-        self.unconfirmed: list[asyncio.Future[Any]] = []  # releases sent, their confirmations not yet gathered
+        self.releases: ReleasePublisher | None = None  # made on the first send (the connection is up by then)
+        self.arrived = asyncio.Event()  # set when a message reaches any partition's pull
         self.stopping = asyncio.Event()
         self.nc: Any = None
         self.js: Any = None
@@ -216,12 +219,12 @@ class ClusterWorker:
         prefix = f"{self.names.input_subject}.{part.index}."
         limit = self.cfg.input.max_payload_bytes
         for m in msgs:
-            if m.metadata.sequence.consumer != part.delivered + 1:  # a delivery lost in flight: fetch again from here
+            seq, delivered, now = ack_sequences(m.reply)  # now: the broker's time, the same for every worker
+            if delivered != part.delivered + 1:  # a delivery lost in flight: fetch again from here
                 part.gap = True
                 self.m_lost.inc()
                 return
             part.delivered += 1
-            seq = m.metadata.sequence.stream
             part.last_msg = m
             part.applied = max(part.applied, seq)
             name = m.subject[len(prefix):] if m.subject.startswith(prefix) else ""
@@ -250,7 +253,6 @@ class ClusterWorker:
                 self.m_readings.labels("invalid").inc(bad)
             if not values or rec.failed:
                 continue
-            now = m.metadata.timestamp.timestamp()  # the broker's time: the same for every worker
             try:
                 self.router.add_many(rec, values, ts, seqs, now)
             except Exception as exc:  # an operator that raises fails its stream only
@@ -262,32 +264,34 @@ class ClusterWorker:
         await self._send()
         await self._confirm()
 
+    @property
+    def unconfirmed(self) -> set[int]:
+        """The releases sent whose confirmation has not come yet."""
+        return self.releases.waiting if self.releases is not None else set()
+
     async def _send(self) -> None:
-        """Process what was taken and send its releases, pipelined: each goes at once (JetStream's asynchronous
-        publish), its confirmation is gathered later (:meth:`_confirm`); at most ``PUBLISH_PENDING`` wait for theirs
-        (the sends before are confirmed first)."""
+        """Process what was taken and send its releases, pipelined: each goes at once, its confirmation is struck
+        off when it comes and checked later (:meth:`_confirm`); at most ``PUBLISH_PENDING`` wait for theirs (the
+        sends before are confirmed first)."""
         batches = self.router.flush()
+        if self.releases is None:
+            self.releases = ReleasePublisher(self.nc)
+            await self.releases.start()
         eps = float(self.template.epsilon)
-        js, out = self.js, self.names.output_subject
-        releases = [(f"{out}.{b.record.name}", line.encode(), f"{b.record.name}:{tick}")
-                    for b in batches for tick, line in zip(b.ticks, encode_releases(b, eps), strict=True)]
-        for subject, payload, msg_id in releases:
-            if len(self.unconfirmed) >= PUBLISH_PENDING:
-                await self._confirm()
-            self.unconfirmed.append(await js.publish_async(subject, payload, headers={"Nats-Msg-Id": msg_id}))
+        out, releases = self.names.output_subject, self.releases
+        for b in batches:
+            name = b.record.name
+            subject = f"{out}.{name}"
+            for tick, line in zip(b.ticks, encode_releases(b, eps), strict=True):
+                if len(releases.waiting) >= PUBLISH_PENDING:
+                    await self._confirm()
+                await releases.send(subject, line.encode(), f"{name}:{tick}")
 
     async def _confirm(self) -> None:
         """Every release sent is confirmed by JetStream within ``PUBLISH_TIMEOUT``, or the step fails (the caller's
         reset: the releases are made again, the same bytes, and the broker keeps one of each message id)."""
-        pending, self.unconfirmed = self.unconfirmed, []
-        if not pending:
-            return
-        try:
-            await asyncio.wait_for(asyncio.gather(*pending), PUBLISH_TIMEOUT)
-        finally:
-            for f in pending:  # one left unconfirmed frees its place among the pending publishes
-                f.cancel()
-        self.m_releases.inc(len(pending))
+        if self.releases is not None:
+            self.m_releases.inc(await self.releases.confirm(PUBLISH_TIMEOUT))
 
     # -- leases and checkpoints ---------------------------------------------------------------------------------------
     async def _checkpoint(self, part: Partition, *, final: bool = False) -> None:
@@ -349,9 +353,8 @@ class ClusterWorker:
     async def _abandon(self) -> None:
         """Every partition dropped without writing or publishing, its lease given back, nothing left in memory."""
         await self._cancel_background()
-        unconfirmed, self.unconfirmed = self.unconfirmed, []
-        for f in unconfirmed:  # sent or not, they are made again by whoever takes the partitions (same message ids)
-            f.cancel()
+        if self.releases is not None:  # sent or not, they are made again by whoever takes the partitions (same ids)
+            self.releases.forget()
         for part in list(self.owned.values()):
             self.owned.pop(part.index, None)
             with contextlib.suppress(Exception):
@@ -440,7 +443,9 @@ class ClusterWorker:
                             deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=part.applied + 1,
                             ack_policy=AckPolicy.ALL, ack_wait=60.0, max_ack_pending=-1)
         await self.js.add_consumer(self.names.input_stream, cc, timeout=CONSUMER_TIMEOUT)
-        part.sub = await self.js.pull_subscribe_bind(durable=part.consumer, stream=self.names.input_stream)
+        pull = BatchPull(self.nc, self.names.input_stream, part.consumer, int(self.cfg.nats.fetch_batch), self.arrived)
+        await pull.start()
+        part.sub = pull
         part.delivered, part.gap, part.last_msg = 0, False, None
 
     async def _consume_leased(self, part: Partition) -> None:
@@ -572,20 +577,25 @@ class ClusterWorker:
 
     # -- the loops --------------------------------------------------------------------------------------------------
     async def _step(self) -> int:
-        """One pass over the owned partitions: fetch (every partition at once), process (one partition after the
-        other), publish. Returns messages taken."""
+        """One pass over the owned partitions: wait (at most ``ARRIVAL_WAIT``) until one of them has messages, take
+        what each has (one partition after the other), publish. Returns messages taken."""
         batch = int(self.cfg.nats.fetch_batch)
         parts = [part for part in self.owned.values() if part.sub is not None]  # (None: its consumer is remade)
-        fetched = await asyncio.gather(*(self._fetch(part, batch) for part in parts))
-        n = 0
-        for part, msgs in zip(parts, fetched, strict=True):
+        if parts and not any(part.sub.ready for part in parts):
+            self.arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.arrived.wait(), ARRIVAL_WAIT)
+        n, failed = 0, False
+        for part in parts:
+            msgs = await self._fetch(part, batch)
+            failed |= msgs is None
             if not msgs or self.owned.get(part.index) is not part:
                 continue
             await self._take(part, msgs)
             n += len(msgs)
             if part.gap:
                 await self._refetch(part)
-        if None in fetched:
+        if failed:
             await asyncio.sleep(0.2)
         if n:
             await self._fresh_leases()
@@ -598,14 +608,10 @@ class ClusterWorker:
 
     @staticmethod
     async def _fetch(part: Partition, batch: int) -> list[Any] | None:
-        """Up to ``batch`` messages of the partition (none within 50 ms: an empty list); None when the fetch failed
-        (the consumer went away: another owner recreated it, or the link is down)."""
-        from nats.errors import TimeoutError as NatsTimeout
-
+        """Up to ``batch`` messages the partition's pull holds now; None when the pull failed (the consumer went
+        away: another owner recreated it, or the link is down)."""
         try:
-            return await part.sub.fetch(batch, timeout=0.05)
-        except (TimeoutError, NatsTimeout):
-            return []
+            return await part.sub.fetch(batch, timeout=0)
         except Exception as exc:
             log.warning("partition %d: fetch failed (%s)", part.index, type(exc).__name__)
             return None
@@ -658,7 +664,7 @@ class ClusterWorker:
         self.nc = await nats.connect(servers=list(self.cfg.nats.servers), name=f"tops-worker-{self.name}",
                                      max_reconnect_attempts=-1, reconnect_time_wait=0.25, connect_timeout=5,
                                      error_cb=error_cb)
-        self.js = self.nc.jetstream(timeout=5.0, publish_async_max_pending=PUBLISH_PENDING)
+        self.js = self.nc.jetstream(timeout=5.0)
         try:
             joined = await self._join()
         except WorkerError:

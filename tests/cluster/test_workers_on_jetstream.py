@@ -513,24 +513,22 @@ def test_a_state_read_that_times_out_leaves_no_unloaded_stream_behind(nats_clust
 
 
 class _LosesOnePublish:
-    """The worker's JetStream context, whose ``lose``-th asynchronous publish is lost: never stored, its confirmation
-    an error (the stream's leader died with it); everything else is the real context's."""
+    """The worker's NATS connection, whose ``lose``-th release is lost: never stored, its confirmation an error (the
+    stream's leader died with it); everything else is the real connection's."""
 
-    def __init__(self, js, lose: int) -> None:
-        self.js, self.lose, self.seen = js, lose, 0
+    def __init__(self, nc, releases: str, lose: int) -> None:
+        self.nc, self.releases, self.lose, self.seen = nc, releases + ".", lose, 0
 
-    async def publish_async(self, subject: str, payload: bytes = b"", **kwargs: Any):
-        from nats.js.errors import APIError
-
-        self.seen += 1
-        if self.seen == self.lose:
-            lost = asyncio.get_running_loop().create_future()
-            lost.set_exception(APIError(code=503, description="lost in flight"))
-            return lost
-        return await self.js.publish_async(subject, payload, **kwargs)
+    async def publish(self, subject: str, payload: bytes = b"", reply: str = "", headers=None):
+        if subject.startswith(self.releases):
+            self.seen += 1
+            if self.seen == self.lose:
+                await self.nc.publish(reply, b'{"error":{"code":503,"description":"lost in flight"}}')
+                return
+        await self.nc.publish(subject, payload, reply=reply, headers=headers)
 
     def __getattr__(self, name: str):
-        return getattr(self.js, name)
+        return getattr(self.nc, name)
 
 
 @pytest.mark.network
@@ -547,7 +545,7 @@ def test_a_release_whose_publish_is_not_confirmed_is_made_again_before_any_state
     async def scenario() -> tuple[dict[tuple[str, int], set[float]], str, int]:
         w = await _joined(cfg, master, nats_cluster)
         pjs = w.nc.jetstream()
-        lossy = w.js = _LosesOnePublish(w.js, lose=12)
+        lossy = w.nc = _LosesOnePublish(w.nc, cfg.nats.output_subject, lose=12)
         await w._acquire(0)
         for i in range(120):
             await pjs.publish(f"{cfg.nats.input_subject}.0.x", f"{values[i]:g}".encode(),
