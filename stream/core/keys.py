@@ -166,7 +166,7 @@ def load_master_key(path: str | os.PathLike[str], *, create: bool = False) -> by
             f.write(os.urandom(32).hex() + "\n")
     try:
         mode = p.stat().st_mode
-        text = p.read_text()
+        data = p.read_bytes()
     except OSError as exc:
         msg = f"master key file {p} cannot be read ({exc.strerror})"
         raise KeyFileError(msg) from None
@@ -174,7 +174,7 @@ def load_master_key(path: str | os.PathLike[str], *, create: bool = False) -> by
         msg = f"master key file {p} must not be readable by group or others (chmod 600)"
         raise KeyFileError(msg)
     try:
-        return parse_hex_key(text)
+        return parse_hex_key(data.decode("ascii"))
     except ValueError:
         msg = f"master key file {p} must hold 64 hex digits"
         raise KeyFileError(msg) from None

@@ -71,6 +71,19 @@ def test_metrics_port_in_use_and_unwritable_key_folder(tmp_path: Path) -> None:
             assert err[1] == f"tops run: [metrics] port {port} on 127.0.0.1 cannot be opened (Address already in use)"
 
 
+@pytest.mark.parametrize("content", [b"\xcb\x01" * 16, b"ab" * 31 + b"\n", "\u00e9".encode() * 32],
+                         ids=["raw-bytes", "short-hex", "non-ascii-text"])
+def test_a_key_file_that_is_not_64_hex_digits_is_one_line(tmp_path: Path, content: bytes) -> None:
+    """32 raw random bytes (what ``head -c 32 /dev/urandom`` writes), too few digits or other text: one line that
+    names the file and the format, never a traceback and never the file's bytes."""
+    key = tmp_path / "master.key"
+    key.write_bytes(content)
+    key.chmod(0o600)
+    for extra in ((), ("--check",)):
+        rc, err = run(config(tmp_path), *extra)
+        assert rc == 2 and err == [f"tops run: [streams] key_file: master key file {key} must hold 64 hex digits"], err
+
+
 def test_template_errors_reported_all_at_once(tmp_path: Path) -> None:
     cfg = config(tmp_path, streams={"template": {"epsilon": -1, "fanout": 1, "smoother": "x", "alpha": 3}})
     rc, err = run(cfg)
