@@ -47,6 +47,7 @@ __all__ = [
 
 SELECTIONS = ("calibrated", "paper")
 HOLDOUT_GRIDS = ("exact", "compact")
+HOLDOUT_SCOPES = ("stream", "fleet")
 
 # The ranges of the integer parameters. A fanout at or above r is a flat hierarchy (h = 1): anything larger only
 # risks overflow. r <= 2^32 and b >= 2 give h <= 32, so s <= h - 1 <= 31. The window is in leaves (8 bytes each in
@@ -268,6 +269,11 @@ class ToPSConfig:
         4,096 steps, then 0.1% apart: 4,297 cells at B = 5,000) or ``compact`` (the first 32 steps, then 3% apart:
         204 cells at B = 5,000, ``O(log B)``; a value is counted at its cell's upper edge). ``to_dict`` leaves out
         the default, so that what was stored before this parameter existed still matches.
+    holdout_scope
+        Whose readings the holdout is: ``stream`` (default; each stream's own first ``holdout`` readings) or
+        ``fleet`` (the first ``holdout`` readings of the template's streams together, one choice for all of them:
+        :mod:`operators.fleet_holdout`). A ToPS object holds one stream: it reads this only to state it; the daemon
+        keeps the fleet's holdout. ``to_dict`` leaves out the default.
     """
 
     epsilon: float
@@ -285,6 +291,7 @@ class ToPSConfig:
     lower: float = 0.0
     selection: str = "calibrated"
     holdout_grid: str = "exact"
+    holdout_scope: str = "stream"
 
     def __post_init__(self) -> None:
         check_positive("epsilon", self.epsilon)
@@ -307,6 +314,10 @@ class ToPSConfig:
         check_holdout(self.holdout, self.theta)
         _check_choice("selection", self.selection, SELECTIONS)
         _check_choice("holdout_grid", self.holdout_grid, HOLDOUT_GRIDS)
+        _check_choice("holdout_scope", self.holdout_scope, HOLDOUT_SCOPES)
+        if self.holdout_scope == "fleet" and self.theta is not None:
+            raise _refuse("holdout_scope", '"stream" when theta is fixed (a fleet holdout chooses theta)',
+                          self.holdout_scope)
         check_smoother(self.smoother, self.alpha, self.window)
         if self.threshold_epsilon is not None:
             check_positive("threshold_epsilon", self.threshold_epsilon)
@@ -343,8 +354,9 @@ class ToPSConfig:
         d = _AS_DICT.get(self)
         if d is None:
             d = dataclasses.asdict(self)
-            if d["holdout_grid"] == "exact":  # the default, left out: states and ledgers stored before it match
-                del d["holdout_grid"]
+            for name, default in (("holdout_grid", "exact"), ("holdout_scope", "stream")):
+                if d[name] == default:  # the default, left out: states and ledgers stored before it match
+                    del d[name]
             if len(_AS_DICT) < 1024:
                 _AS_DICT[self] = d
         return dict(d)

@@ -125,7 +125,7 @@ class ToPS:
 
     @property
     def holdout_left(self) -> int:
-        return max(0, self.config.holdout_ticks - self.ticks)
+        return 0 if self.theta_units is not None else max(0, self.config.holdout_ticks - self.ticks)
 
     @property
     def leaf_ticks(self) -> int | None:
@@ -179,6 +179,16 @@ class ToPS:
         """Start releasing with the choice ``sel`` made at the end of this holdout (:func:`choose_ends`), after the
         holdout's statistics for error bars are measured (:meth:`measure_error_stats`)."""
         self.error_stats = self.measure_error_stats(sel)
+        self._start_release(sel.theta_units, sel.smoother_layers, start=sel.start_units)
+
+    def adopt_choice(self, sel: Selection, error_stats: bytes | None) -> None:
+        """Release from the next reading with a choice made on another holdout (a fleet's:
+        :mod:`operators.fleet_holdout`) and that holdout's error statistics; only before this stream's first reading.
+        """
+        if self.theta_units is not None or self.ticks:
+            msg = "adopt_choice() is for a stream that has taken no reading"
+            raise ValueError(msg)
+        self.error_stats = error_stats
         self._start_release(sel.theta_units, sel.smoother_layers, start=sel.start_units)
 
     def measure_error_stats(self, sel: Selection) -> bytes:

@@ -22,6 +22,7 @@ stream.commands.inputs.InputError: x.csv line 2: not a finite number (NaN or inf
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import tokenize
@@ -32,7 +33,7 @@ from typing import IO, Any
 import numpy as np
 
 __all__ = ["MAX_INT_DIGITS", "MAX_JSON_DEPTH", "MAX_LINE_BYTES", "InputError", "JSONInputError", "file_lines",
-           "load_json", "load_npy", "read_stream"]
+           "load_json", "load_npy", "read_stream", "read_streams"]
 
 # The bounds of what a command parses from a file, checked before the parser sees it. A daemon's release or status
 # is nested 3 deep and its numbers have at most 19 digits; a line of the daemon's output is far below 16 MiB (a
@@ -231,28 +232,70 @@ def _is_number(s: str) -> bool:
     return True
 
 
+def _json_reading(text: str, where: str) -> tuple[str | None, float]:
+    """A JSON line's stream name (None without one) and its finite value (an object's ``value``, or the line itself);
+    ``where`` names the line in the message of the :class:`InputError` it raises otherwise."""
+    try:
+        obj = load_json(text)
+    except JSONInputError as exc:
+        msg = f"{where}: {exc}"
+        raise InputError(msg) from None
+    v = obj.get("value") if isinstance(obj, dict) else obj
+    name = obj.get("stream") if isinstance(obj, dict) else None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        msg = f'{where}: "value" must be a number'
+        raise InputError(msg)
+    if not -_FLOAT_MAX <= v <= _FLOAT_MAX:  # NaN fails too; an int is compared before any conversion
+        msg = f"{where}: not a finite number (NaN or infinite)"
+        raise InputError(msg)
+    return None if name is None else str(name), v
+
+
 def _read_jsonl(path: Path, stream: str | None) -> np.ndarray:
     lines, numbers = _lines(path)
     values = np.empty(len(lines))
     names: list[str | None] = []
     for k, (s, n) in enumerate(zip(lines, numbers, strict=True)):
-        try:
-            obj = load_json(s)
-        except JSONInputError as exc:
-            msg = f"{path.name} line {n}: {exc}"
-            raise InputError(msg) from None
-        v = obj.get("value") if isinstance(obj, dict) else obj
-        name = obj.get("stream") if isinstance(obj, dict) else None
-        names.append(None if name is None else str(name))
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            msg = f'{path.name} line {n}: "value" must be a number'
-            raise InputError(msg)
-        if not -_FLOAT_MAX <= v <= _FLOAT_MAX:  # NaN fails too; an int is compared before any conversion
-            msg = f"{path.name} line {n}: not a finite number (NaN or infinite)"
-            raise InputError(msg)
+        name, v = _json_reading(s, f"{path.name} line {n}")
+        names.append(name)
         values[k] = v
     keep = _select(names, stream, path.name)
     return values if keep is None else values[np.asarray(keep, dtype=bool)]
+
+
+def read_streams(path: str | Path) -> tuple[list[str], np.ndarray]:
+    """Every reading of a CSV or JSONL file of named streams, in the file's order: each line's stream name and the
+    values as float64 (what a fleet's replay needs: the order of arrival across streams); raises
+    :class:`InputError` on bad input, or on a line that names no stream."""
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix not in (".jsonl", ".ndjson", ".json", ".csv", ".txt", ""):
+        msg = f"{p.name}: a file of several streams is .csv (stream,value lines) or .jsonl"
+        raise InputError(msg)
+    try:
+        lines, numbers = _lines(p)
+    except OSError as exc:
+        msg = f"{p.name}: cannot read ({exc.strerror or type(exc).__name__})"
+        raise InputError(msg) from None
+    names: list[str] = []
+    values = np.empty(len(lines))
+    for k, (s, n) in enumerate(zip(lines, numbers, strict=True)):
+        where = f"{p.name} line {n}"
+        if suffix in (".csv", ".txt", ""):
+            parts = [f.strip() for f in s.split(",")]
+            name, v = (parts[0], parts[1]) if len(parts) > 1 and not _is_number(parts[0]) else (None, parts[-1])
+            value = float(v) if _is_number(v) else math.nan
+            if not -_FLOAT_MAX <= value <= _FLOAT_MAX:
+                msg = f"{where}: not a finite number"
+                raise InputError(msg)
+        else:
+            name, value = _json_reading(s, where)
+        if not name:
+            msg = f"{where}: names no stream (a fleet's file has stream,value lines)"
+            raise InputError(msg)
+        names.append(name)
+        values[k] = value
+    return names, values
 
 
 def read_stream(path: str | Path, stream: str | None = None) -> np.ndarray:

@@ -3,11 +3,12 @@
 Contract (other tools depend on it)::
 
     tops replay INPUT --epsilon E --bound B [--holdout M] [--range R] [--fanout F] [--smoother NAME]
-                [--key HEX | --key-file FILE --identity ID --stream NAME] --out OUT.npy
+                [--key HEX | --key-file FILE --identity ID --stream NAME] [--holdout-scope stream|fleet] --out OUT.npy
 
 OUT is float64 with one entry per input tick: NaN for holdout ticks, the released value otherwise. theta and s are
 printed on stderr. With ``--key-file`` and ``--stream`` the stream key is derived exactly as the daemon derives it,
-so any output of the daemon can be reproduced offline.
+so any output of the daemon can be reproduced offline. With ``--holdout-scope fleet`` INPUT is a fleet's readings in
+their order of arrival, and OUT is stream NAME's: NaN for its readings the fleet holdout took.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from operators import SMOOTHERS, ConfigError, ToPS, ToPSConfig, new_key
-from operators.config import HOLDOUT_GRIDS, SELECTIONS
+from operators.config import HOLDOUT_GRIDS, HOLDOUT_SCOPES, SELECTIONS
 from stream.commands.failure import refuse
-from stream.commands.inputs import InputError, read_stream
+from stream.commands.inputs import InputError, read_stream, read_streams
 from stream.core.keys import KeyFileError, check_identity, derive_stream_key, load_master_key, parse_hex_key
 
 __all__ = ["add_arguments", "config_from_args", "key_from_args", "main", "replay"]
@@ -50,6 +51,9 @@ def add_privacy_arguments(p: argparse.ArgumentParser) -> None:
                    help="how the holdout chooses theta and s: calibrated (default) or paper (Eq. 6, Eq. 7)")
     p.add_argument("--holdout-grid", choices=HOLDOUT_GRIDS, default="exact",
                    help="the holdout's candidate thresholds: exact (default) or compact (O(log B) cells)")
+    p.add_argument("--holdout-scope", choices=HOLDOUT_SCOPES, default="stream",
+                   help="stream (default: the stream's own first m readings) or fleet (the first m readings of the "
+                   "INPUT's streams in their order: a fleet's file, with --key-file, --identity and --stream)")
     p.add_argument("--alpha", type=float, default=0.6, help="EMA weight (default 0.6)")
     p.add_argument("--window", type=int, default=8, help="leaves for the moving/median smoothers (default 8)")
     p.add_argument("--resolution", type=float, default=1.0, help="quantization step of values (default 1)")
@@ -112,6 +116,7 @@ def config_from_args(args: argparse.Namespace) -> ToPSConfig:
         lower=getattr(args, "lower", 0.0),
         selection=getattr(args, "selection", "calibrated"),
         holdout_grid=getattr(args, "holdout_grid", "exact"),
+        holdout_scope=getattr(args, "holdout_scope", "stream"),
     )
 
 
@@ -144,6 +149,27 @@ def key_from_args(args: argparse.Namespace) -> tuple[bytes, str]:
     return new_key(), "fresh random (pass --key or --key-file to reproduce)"
 
 
+def replay_fleet(names: list[str], values: np.ndarray, config: ToPSConfig, fleet_key: bytes, stream: str,
+                 key: bytes) -> tuple[np.ndarray, ToPS | None]:
+    """Stream ``stream``'s releases in a fleet's readings (``names[i]`` sent ``values[i]``, in their order of arrival):
+    the fleet holdout (its key ``fleet_key``) takes the first ``holdout`` readings, whichever streams sent them (NaN
+    for each of the stream's), the stream's own ToPS (``key``) releases its others with the fleet's choice, as the
+    daemon does; and that ToPS (None when the fleet holdout never filled)."""
+    from operators.fleet_holdout import FleetHoldout
+
+    fleet = FleetHoldout(config, fleet_key)
+    fleet.take(values)  # it takes the first readings it has room for
+    mine = np.fromiter((n == stream for n in names), dtype=bool, count=len(names))
+    own = values[mine]
+    held = int(mine[: fleet.taken].sum())
+    out = np.full(own.size, np.nan)
+    if fleet.choice is None:
+        return out, None
+    op = fleet.member(key, held)
+    out[held:] = op.process(own[held:])
+    return out, op
+
+
 def replay(values: np.ndarray, config: ToPSConfig, key: bytes) -> tuple[np.ndarray, ToPS]:
     """Run ``values`` through one ToPS operator; the releases and the operator (for theta, s, counters)."""
     op = ToPS(config, key)
@@ -154,7 +180,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         key, key_note = key_from_args(args)
         t0 = time.perf_counter()
-        values = read_stream(args.input, args.stream)
+        fleet = getattr(args, "holdout_scope", "stream") == "fleet"
+        if fleet and (not args.key_file or args.mode != "central" or args.method != "tops"):
+            msg = ("--holdout-scope fleet replays central ToPS streams of a daemon: it needs --key-file, --identity "
+                   "and --stream (the fleet's key derives from the master key)")
+            raise ConfigError(msg)
+        values = read_stream(args.input, args.stream) if not fleet else np.empty(0)
         if getattr(args, "lower", 0.0) and (args.mode == "local" or args.method != "tops"):
             msg = "--lower is supported by central ToPS only (the baselines and local mode take values in [0, bound])"
             raise ConfigError(msg)
@@ -183,6 +214,18 @@ def main(args: argparse.Namespace) -> int:
             op = make(args.method, config_from_args(args), key)
             releases = op.process(values)
             theta, s = getattr(op, "theta", None), None
+        elif fleet:
+            from operators.fleet_holdout import FLEET_KEY_NAME
+
+            names, readings = read_streams(args.input)
+            if args.stream not in set(names):
+                msg = f"{Path(args.input).name}: no stream {args.stream!r} in it"
+                raise InputError(msg)
+            fleet_key = derive_stream_key(load_master_key(args.key_file), FLEET_KEY_NAME,
+                                          identity=check_identity(args.identity))
+            releases, op = replay_fleet(names, readings, config_from_args(args), fleet_key, args.stream, key)
+            values = releases
+            theta, s = (None, None) if op is None else (op.theta, op.smoother_layers)
         else:
             cfg = config_from_args(args)
             releases, op = replay(values, cfg, key)

@@ -308,6 +308,9 @@ TEMPLATE_DOCS: dict[str, str] = {
     "resolution": "Values are quantized to multiples of this before integer noise is added.",
     "threshold_epsilon": "Budget of the threshold optimizer on the holdout (omit: epsilon).",
     "theta": "A fixed public threshold: no holdout.",
+    "holdout_scope": "Whose readings the holdout is: stream (default; each stream's own first `holdout` readings) "
+                     "or fleet (the first `holdout` readings of all the template's streams together: one threshold "
+                     "for all, and a stream that appears after the choice releases from its first reading).",
 }
 
 # Without a config file (stdin in, JSONL out): a demo-friendly template, printed at start.
@@ -605,6 +608,8 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
         if template.lower != 0 and (method != "tops" or sections["streams"]["mode"] == "local"):
             problems.append("[streams.template] lower is supported by central `tops` streams only (the baselines "
                             "and local mode take values in [0, bound])")
+        if template.holdout_scope == "fleet":
+            problems += _fleet_problems(sections, method)
         thr = template.threshold_epsilon
         if thr is not None and thr > template.epsilon:
             problems.append(f"[streams.template] threshold_epsilon ({thr}) must not exceed epsilon "
@@ -615,6 +620,24 @@ def build_config(doc: dict[str, Any], source_path: str | None = None,
     assert template is not None
     return DaemonConfig(template=template, source_path=source_path, category=category,
                         **{k: Section(v) for k, v in sections.items()})
+
+
+def _fleet_problems(sections: dict[str, dict[str, Any]], method: str) -> list[str]:
+    """What a template with ``holdout_scope = "fleet"`` does not run yet, one line each."""
+    streams, problems = sections["streams"], []
+    if streams["kind"] != "numeric" or streams["mode"] != "central" or method != "tops":
+        problems.append('[streams.template] holdout_scope = "fleet" is for numeric central ToPS streams ([streams] '
+                        'kind = "numeric", mode = "central", method = "tops")')
+    if sections["ticks"]["mode"] != "reading":
+        problems.append('[streams.template] holdout_scope = "fleet" releases one tick per reading ([ticks] mode = '
+                        '"reading")')
+    if sections["state"]["data_dir"]:
+        problems.append('[streams.template] holdout_scope = "fleet" does not keep durable state yet: set [state] '
+                        'data_dir = ""')
+    if sections["input"]["source"] == "nats":
+        problems.append('[streams.template] holdout_scope = "fleet" does not run in cluster workers yet ([input] '
+                        'source = "stdin" or "mqtt")')
+    return problems
 
 
 def _nats_problems(sections: dict[str, dict[str, Any]]) -> list[str]:

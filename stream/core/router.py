@@ -108,6 +108,8 @@ class StreamRecord:
                 st.update(kind="categorical", categories=cfg.categories)
         elif op.phase == "holdout":
             st = {"stream": self.name, "phase": "holdout", "holdout_left": int(op.holdout_left)}
+            if getattr(op.config, "holdout_scope", "stream") == "fleet":
+                st["holdout_scope"] = "fleet"  # holdout_left counts the readings the template's fleet holdout takes
         else:
             st = {"stream": self.name, "phase": "releasing", "theta": float(op.theta)}
         if self.identity:
@@ -345,7 +347,7 @@ class Router:
             raise StreamCapError(msg)
         op = self.maker.operator(name, self)
         rec = StreamRecord(name=name, operator=op, name_json=encode_basestring_ascii(name), phase=op.phase,
-                           last_seen=time.monotonic())
+                           last_seen=time.monotonic(), error_stats=getattr(op, "error_stats", None))
         if self.clock is not None:
             first = self.clock.last_closable(time.time() if now is None else now) + 1
             rec.bins = CategoryBins(first) if getattr(op, "takes_categories", False) else PeriodBins(first)
@@ -612,12 +614,17 @@ class Router:
             self.leases.revoke(rec.operator.row)
 
     def _holdout_report(self, rec: StreamRecord, value: float, seq: int | None) -> None:
-        """Local mode: a holdout report feeds the threshold estimate directly; it is not a tick."""
+        """A holdout report feeds the threshold estimate directly: local mode's (not a tick), or a fleet holdout's
+        reading (a tick of its stream, never released)."""
         op = rec.operator
         op.observe_threshold(np.array([value]))
         if seq is not None:
             rec.last_seq = seq
         self.counts["ok"] += 1
+        if getattr(op, "reports_are_ticks", False):  # a fleet holdout's reading: a tick of its stream, not released
+            rec.ticks += 1
+            self.ticks_processed += 1
+            self.ticks_total += 1
         if op.phase != rec.phase:
             rec.phase = op.phase
             rec.status_due = False
@@ -725,6 +732,8 @@ class Router:
                 batch = ReleaseBatch(rec, [first + i for i in idx], [ts[i] for i in idx], [out[i] for i in idx],
                                      float(op.theta))
         if op.phase != rec.phase:
+            # an operator that hands its stream on at this change (a fleet's member: to its own ToPS) is replaced
+            rec.operator = op = getattr(op, "successor", None) or op
             rec.phase = op.phase
             rec.status_due = False
             self.in_holdout -= 1

@@ -391,6 +391,7 @@ def template_params(cfg: ToPSConfig, s: int) -> dict[str, Any]:
         "resolution": cfg.resolution,
         "lower": cfg.lower, "bound": cfg.bound,
         "selection": "public" if cfg.theta is not None else cfg.selection,
+        **({"holdout_scope": "fleet"} if cfg.holdout_scope == "fleet" else {}),
     }
 
 

@@ -32,6 +32,7 @@ from operators import ToPLConfig
 from operators.categorical.release import CategoricalRelease
 from operators.columnar import born_releasing
 from operators.columnar_holdout import born_in_rows
+from operators.fleet_holdout import FLEET_KEY_NAME, FleetHoldout, FleetMember
 from operators.ranges.release import RangeRelease
 from operators.selection import prepare as prepare_selection
 from operators.topl_server import LocalServer
@@ -128,6 +129,7 @@ class Daemon:
         self.msg_counts = dict.fromkeys(MESSAGE_RESULTS, 0)
         self._keyed: Callable[[bytes], Any] | None = None  # keyed_operator's maker, its settings read once
         self._master: bytes | None = None  # the master key, where new streams are keyed operators (a secret)
+        self.fleet: FleetHoldout | None = None  # the template's fleet holdout (holdout_scope = "fleet")
         # the rows of many new streams' keys made at once, where keyed_operator makes plain rows (_keyed_maker;
         # new_streams_in_bulk); None: new streams are made one at a time
         self._rows_of_new_keys: Callable[[list[bytes]], list[Any]] | None = None
@@ -202,6 +204,8 @@ class Daemon:
             self.operator_factory = lambda name: self.keyed_operator(
                 derive_stream_key(master, name, identity=self.identity))
             self._master = master
+            if category is None and method == "tops" and template.holdout_scope == "fleet":
+                self.fleet = FleetHoldout(template, derive_stream_key(master, FLEET_KEY_NAME, identity=self.identity))
         if cfg.state.data_dir:  # one daemon per data directory; its layers are composed into what is built next
             with contextlib.suppress(OSError):  # if it cannot be made, Durability.open says why
                 Path(cfg.state.data_dir).expanduser().mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -291,6 +295,8 @@ class Daemon:
         self._rows_of_new_keys = None
         if category is not None:
             make = self._keyed = lambda key: histogram_operator(category, key)
+        elif self.fleet is not None:
+            make = self._keyed = self.fleet_operator
         elif method == "tops" and self.router.holdouts is not None and born_in_rows(template):
             # a new stream is the holdout row its ToPS would become, made without that ToPS (whose cost is mostly the
             # collector's share of the objects made and dropped)
@@ -303,6 +309,13 @@ class Daemon:
         else:
             make = self._keyed = lambda key: build_operator(template, method, key)
         return make
+
+    def fleet_operator(self, key: bytes) -> Any:
+        """The operator of a new stream of a fleet-holdout template: a member feeding the fleet holdout until its
+        choice, then a ToPS releasing with the choice from the stream's first reading."""
+        fleet = self.fleet
+        assert fleet is not None
+        return FleetMember(fleet, key) if fleet.choice is None else fleet.member(key)
 
     def announce_identity(self) -> None:
         """One line on stderr with the identity the stream keys derive from (also in every status message)."""
