@@ -147,10 +147,13 @@ class FleetHoldout:
         return op
 
     def snapshot(self) -> dict[str, Any]:
-        """JSON-serialisable state (no key, no reading: the holdout's histogram while it fills, then the choice)."""
-        return {"version": _SNAPSHOT_VERSION,
+        """JSON-serialisable state (no key, no reading: the holdout's histogram while it fills, then the choice), with
+        what ``tops state`` shows of it: the readings it takes and has taken, and theta in value units once chosen."""
+        cfg, choice = self.config, self.choice
+        return {"version": _SNAPSHOT_VERSION, "readings": cfg.holdout, "taken": self.taken,
+                "theta": None if choice is None else cfg.lower + choice.theta_units * cfg.resolution,
                 "holdout": None if self._holdout is None else self._holdout.snapshot(),
-                "choice": None if self.choice is None else self.choice.to_dict()}
+                "choice": None if choice is None else choice.to_dict()}
 
     @classmethod
     def restore(cls, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> FleetHoldout:
@@ -180,10 +183,10 @@ class FleetMember:
     __slots__ = ("_fleet", "_key", "held", "successor")
     reports_are_ticks = True
 
-    def __init__(self, fleet: FleetHoldout, key: bytes) -> None:
+    def __init__(self, fleet: FleetHoldout, key: bytes, held: int = 0) -> None:
         self._fleet = fleet
         self._key = key
-        self.held = 0  # the stream's readings the fleet holdout took
+        self.held = held  # the stream's readings the fleet holdout took
         self.successor: ToPS | None = None
 
     def __repr__(self) -> str:
@@ -253,3 +256,20 @@ class FleetMember:
         if self.successor is None:
             return float(self.process(np.array([value], dtype=np.float64))[0])
         return self.successor.process_one(value)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the stream keeps of its own (no key, no reading): how many of its readings the fleet holdout took.
+        The holdout itself is the fleet's (:meth:`FleetHoldout.snapshot`)."""
+        return {"version": _SNAPSHOT_VERSION, "fleet_member": True, "held": self.held}
+
+    @staticmethod
+    def held_in(snapshot: Any) -> int | None:
+        """The readings a stored member gave the fleet holdout (its :meth:`snapshot`), None for another stream's
+        snapshot; ``ValueError`` for a member's snapshot that does not hold a count."""
+        if not isinstance(snapshot, dict) or not snapshot.get("fleet_member"):
+            return None
+        held = snapshot.get("held")
+        if type(held) is not int or not 0 <= held <= 2**62:
+            msg = "a fleet member's snapshot must hold the count of its readings the fleet holdout took"
+            raise ValueError(msg)
+        return held

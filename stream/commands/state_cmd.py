@@ -1,4 +1,5 @@
-"""``tops state``: a read-only look at the state store: streams, phase, ticks released, theta, eps (no secrets);
+"""``tops state``: a read-only look at the state store: streams, phase, ticks released, theta, eps, and a fleet
+holdout's progress or theta (no secrets);
 and ``tops state retire NAME...``: an operator retires streams for good, on a stopped daemon.
 
 The look writes nothing: the store is opened read-only. Theta is itself a DP output; holdout histograms, partial leaf
@@ -99,6 +100,8 @@ def summarize(stream: dict) -> dict:
         phase = "holdout" if theta_units is None else "releasing"
         theta = None if theta_units is None else _real(theta_units * resolution)
         released = max(0, ticks - holdout) if phase != "holdout" and ticks is not None else 0
+        if params.get("holdout_scope") == "fleet" and phase != "holdout":
+            released = None  # its ticks count the readings the fleet holdout took of it, which it does not keep
     return {
         "stream": stream["name"],
         "generation": stream["generation"],
@@ -161,14 +164,32 @@ def retire(data_dir: Path, names: list[str]) -> list[str]:
         lock.close()
 
 
-def _read(data_dir: Path, ledger: bool) -> tuple[list[dict], str | None]:
+def fleet_summary(text: str | None) -> str | None:
+    """The line ``tops state`` shows of a stored fleet holdout (its progress, or the theta it chose: a DP output every
+    stream's status states too); None without one. A stored value it cannot read is said so, never shown."""
+    if text is None:
+        return None
+    try:
+        d = json.loads(text)
+    except ValueError:
+        d = None
+    d = _table(d)
+    readings, taken, theta = _count(d.get("readings")), _count(d.get("taken")), _real(d.get("theta"))
+    if readings is None or taken is None:
+        return "fleet holdout: stored in a form this tops cannot read"
+    if theta is not None:
+        return f"fleet holdout: theta {theta:g}, chosen from the template's first {readings} readings"
+    return f"fleet holdout: {taken} of {readings} readings taken, no theta yet (its streams release none)"
+
+
+def _read(data_dir: Path, ledger: bool) -> tuple[list[dict], str | None, str | None]:
     """The rows to show (streams or ledger) and the store's identity; :class:`StoreError` with one line when the
     store cannot be read (not SQLite, corrupt, rows that are not the JSON tops writes)."""
     path = data_dir / "state.db"
     store = Store.open(path, readonly=True)
     try:
         rows = store.ledger() if ledger else [summarize(s) for s in store.streams()]
-        return rows, store.meta("identity")
+        return rows, store.meta("identity"), fleet_summary(store.meta("fleet_holdout"))
     except (sqlite3.Error, ValueError, RecursionError) as exc:  # ValueError: JSON of a row, int() of a column
         msg = f"state store {path} holds rows this tops cannot read ({type(exc).__name__})"
         raise StoreError(msg) from None
@@ -187,7 +208,7 @@ def main(args: argparse.Namespace) -> int:
             return refuse("state", exc)
         return 0
     try:
-        rows, identity = _read(_data_dir(args), args.ledger)
+        rows, identity, fleet = _read(_data_dir(args), args.ledger)
     except StoreError as exc:
         return refuse("state", exc)
     if args.json:
@@ -196,6 +217,8 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"store identity {identity} (tops replay --identity; stream keys derive from it)")
+    if fleet is not None:
+        print(fleet)
     if not rows:
         print("no streams")
         return 0

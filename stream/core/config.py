@@ -631,9 +631,6 @@ def _fleet_problems(sections: dict[str, dict[str, Any]], method: str) -> list[st
     if sections["ticks"]["mode"] != "reading":
         problems.append('[streams.template] holdout_scope = "fleet" releases one tick per reading ([ticks] mode = '
                         '"reading")')
-    if sections["state"]["data_dir"]:
-        problems.append('[streams.template] holdout_scope = "fleet" does not keep durable state yet: set [state] '
-                        'data_dir = ""')
     if sections["input"]["source"] == "nats":
         problems.append('[streams.template] holdout_scope = "fleet" does not run in cluster workers yet ([input] '
                         'source = "stdin" or "mqtt")')

@@ -50,6 +50,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from prometheus_client import Counter
 
+from operators.fleet_holdout import FleetHoldout
 from stream.core.config import stream_params
 from stream.core.keys import load_master_key
 from stream.core.router import ReleaseBatch, Router
@@ -68,6 +69,9 @@ __all__ = ["Durability", "key_check"]
 
 log = logging.getLogger("tops.state")
 
+
+
+FLEET_META = "fleet_holdout"  # the meta key of the template's fleet holdout (operators.fleet_holdout)
 
 
 @dataclass(slots=True)
@@ -137,6 +141,7 @@ class Durability:
         # intake: changed in place, never replaced)
         self.changed: set[str] = set()
         self.saved_in_holdout: set[str] = set()  # streams whose stored state holds a holdout histogram
+        self.fleet_saved: tuple[int, bool] | None = None  # (readings taken, chosen) of the fleet holdout as stored
         self.releasing = False
         self.syncing = False
         self.wake = asyncio.Event()
@@ -236,13 +241,16 @@ class Durability:
                                         on_repeat=self.redelivered.inc)
 
     # -- the layers the daemon is built with --------------------------------------------------------------------
-    def admitting(self, factory: Callable[[str], Any], keyed: Callable[[bytes], Any]) -> AdmittedStreams:
+    def admitting(self, factory: Callable[[str], Any], keyed: Callable[[bytes], Any],
+                  fleet_member: Callable[[bytes, dict[str, Any]], Any] | None = None) -> AdmittedStreams:
         """The router's stream maker: new streams admitted by the ledger, keyed by their generation (``keyed(key)``
-        makes the operator; ``factory(name)`` without a master key, in local mode), restored when stored."""
+        makes the operator; ``factory(name)`` without a master key, in local mode), restored when stored
+        (``fleet_member(key, snapshot)``: the operator of a stored stream the fleet holdout took readings of, or
+        None for another one)."""
         return AdmittedStreams(factory, keyed, store=self.store, params=self.params,
                                new_generation=self.new_generation, master=self.master,
                                identity=self.daemon.identity, changed=self.changed,
-                               saved_in_holdout=self.saved_in_holdout)
+                               saved_in_holdout=self.saved_in_holdout, fleet_member=fleet_member)
 
     def journaled(self, router: Router) -> JournaledIntake:
         """The intake the daemon calls: ``router``'s, every accepted reading appended to the journal."""
@@ -268,6 +276,16 @@ class Durability:
     def _restore(self) -> None:
         daemon, router = self.daemon, self.router
         t0 = time.perf_counter()
+        stored_fleet = self.store.meta(FLEET_META)
+        if daemon.fleet is not None and stored_fleet is not None:  # before any of its streams is restored
+            fleet = daemon.fleet
+            try:
+                daemon.fleet = FleetHoldout.restore(fleet.config, daemon.fleet_key, json.loads(stored_fleet))
+            except (KeyError, TypeError, ValueError):
+                msg = (f"the stored fleet holdout does not fit the configuration; restore the old [streams.template] "
+                       f"or start from an empty [state] data_dir ({self.store.path.parent})")
+                raise StoreError(msg) from None
+            self.fleet_saved = (daemon.fleet.taken, daemon.fleet.choice is not None)
         # With one tick per reading a stream does nothing until its next reading: it is restored then (the ledger
         # checks it, its checkpoint is loaded), as after an eviction, so a restart does not read every stored stream
         # first (a million streams: seconds, not minutes). The journal's streams are restored as it is re-processed.
@@ -525,6 +543,11 @@ class Durability:
                 left_holdout.append(rec.name)
         red = self.redeliveries
         meta = None if red is None else {"redeliveries": json.dumps(red.snapshot(), separators=(",", ":"))}
+        fleet = daemon.fleet
+        if fleet is not None and (fleet.taken, fleet.choice is not None) != self.fleet_saved:
+            # the fleet holdout in the same transaction as its streams' states: they continue from one cut
+            meta = {**(meta or {}), FLEET_META: json.dumps(fleet.snapshot(), separators=(",", ":"))}
+            self.fleet_saved = (fleet.taken, fleet.choice is not None)
         self.changed.clear()  # what changes from now on is after the cut: the next checkpoint's
         self.ticks_at_checkpoint = router.ticks_total  # the next one is due checkpoint_every ticks after this cut
         cut = _Cut(states, position, self.outbox(), meta, None if spill is None else spill.read_pos, left_holdout,

@@ -130,6 +130,7 @@ class Daemon:
         self._keyed: Callable[[bytes], Any] | None = None  # keyed_operator's maker, its settings read once
         self._master: bytes | None = None  # the master key, where new streams are keyed operators (a secret)
         self.fleet: FleetHoldout | None = None  # the template's fleet holdout (holdout_scope = "fleet")
+        self.fleet_key = b""  # its key (a secret), derived from the master key and the identity
         # the rows of many new streams' keys made at once, where keyed_operator makes plain rows (_keyed_maker;
         # new_streams_in_bulk); None: new streams are made one at a time
         self._rows_of_new_keys: Callable[[list[bytes]], list[Any]] | None = None
@@ -204,8 +205,6 @@ class Daemon:
             self.operator_factory = lambda name: self.keyed_operator(
                 derive_stream_key(master, name, identity=self.identity))
             self._master = master
-            if category is None and method == "tops" and template.holdout_scope == "fleet":
-                self.fleet = FleetHoldout(template, derive_stream_key(master, FLEET_KEY_NAME, identity=self.identity))
         if cfg.state.data_dir:  # one daemon per data directory; its layers are composed into what is built next
             with contextlib.suppress(OSError):  # if it cannot be made, Durability.open says why
                 Path(cfg.state.data_dir).expanduser().mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -217,12 +216,17 @@ class Daemon:
                 self._lock = None  # Durability.open says what is wrong with the directory
             self.durable = Durability.open(self)
         durable = self.durable
+        if self._master is not None and category is None and cfg.streams.method == "tops" \
+                and cfg.template.holdout_scope == "fleet":  # keyed by the identity (the store's, with durable state)
+            self.fleet_key = derive_stream_key(self._master, FLEET_KEY_NAME, identity=self.identity)
+            self.fleet = FleetHoldout(cfg.template, self.fleet_key)
         clock = None
         if cfg.ticks.mode == "period":
             clock = PeriodClock(cfg.ticks.period, cfg.ticks.lateness if cfg.ticks.clock == "event" else 0.0)
         # with durable state new streams are admitted by the ledger and restored when stored
-        maker = durable.admitting(self.operator_factory, self.keyed_operator) if durable is not None \
-            else self.operator_factory
+        maker = durable.admitting(self.operator_factory, self.keyed_operator,
+                                  self.stored_fleet_member if self.fleet is not None else None) \
+            if durable is not None else self.operator_factory
         self.router = Router(maker, cfg.streams.max_streams, clock=clock, aggregate=cfg.ticks.aggregate,
                              event_time=cfg.ticks.clock == "event")
         if category is None and not self.local and cfg.streams.method == "tops":
@@ -316,6 +320,16 @@ class Daemon:
         fleet = self.fleet
         assert fleet is not None
         return FleetMember(fleet, key) if fleet.choice is None else fleet.member(key)
+
+    def stored_fleet_member(self, key: bytes, snapshot: dict[str, Any]) -> Any:
+        """The operator of a stored stream that was in the fleet holdout (its snapshot says how many of its readings
+        the holdout took), or None for any other stored stream (restored as its snapshot says)."""
+        fleet = self.fleet
+        assert fleet is not None
+        held = FleetMember.held_in(snapshot)
+        if held is None:
+            return None
+        return FleetMember(fleet, key, held) if fleet.choice is None else fleet.member(key, held)
 
     def announce_identity(self) -> None:
         """One line on stderr with the identity the stream keys derive from (also in every status message)."""

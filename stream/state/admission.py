@@ -34,7 +34,8 @@ class AdmittedStreams(StreamMaker):
 
     def __init__(self, factory: Callable[[str], Any], keyed: Callable[[bytes], Any], *, store: Store,
                  params: Any, new_generation: set[str], master: bytes | None, identity: str,
-                 changed: set[str], saved_in_holdout: set[str]) -> None:
+                 changed: set[str], saved_in_holdout: set[str],
+                 fleet_member: Callable[[bytes, dict[str, Any]], Any] | None = None) -> None:
         super().__init__(factory)
         self.keyed = keyed
         self.store = store
@@ -44,6 +45,7 @@ class AdmittedStreams(StreamMaker):
         self.identity = identity
         self.changed = changed
         self.saved_in_holdout = saved_in_holdout
+        self.fleet_member = fleet_member  # a stored stream the template's fleet holdout took readings of
         self.generations: dict[str, int] = {}  # the generation of a stream being made, for its record
         self.restored: dict[str, dict[str, Any]] = {}  # the stored state of a stream being made, for its record
         self._kind: tuple[type, Any] | None = None  # (operator class, its configuration): the same for every stream
@@ -71,12 +73,16 @@ class AdmittedStreams(StreamMaker):
             kind = self._kind or (type(op), op.config)
         try:  # a stored stream: its operator is made from the snapshot (no fresh one built first)
             snap = operator_snapshot(adm.state, kind[1])
+            member = None if self.fleet_member is None or key is None else self.fleet_member(key, snap)
+            if self.fleet_member is not None:
+                kind = (ToPS, kind[1])  # a fleet-holdout template's stored streams: its members, or ToPS streams
             pool = router.pool
-            row = pool.add_snapshot(kind[1], key, snap) if pool is not None and kind[0] is ToPS and key is not None \
-                else None
+            row = pool.add_snapshot(kind[1], key, snap) if (member is None and pool is not None and kind[0] is ToPS
+                                                            and key is not None) else None
             # a releasing stream goes straight into a row of the columnar store (the router's _adopt would move it
             # there anyway); any other is restored as its operator
-            op = RowOperator(pool, row) if row is not None else kind[0].restore(kind[1], key, snap)
+            op = member if member is not None else RowOperator(pool, row) if row is not None \
+                else kind[0].restore(kind[1], key, snap)
         except (KeyError, TypeError, ValueError) as exc:
             # the exception's text may quote the stored state (a holdout's counts are private): its type only
             msg = (f"stream {name!r}: the stored state does not fit the configuration ({type(exc).__name__}); its "

@@ -138,14 +138,14 @@ def test_json_lines_with_seq_and_bad_lines_around_the_fleet(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(("sections", "line"), [
-    ({"state": {"data_dir": "STATE"}}, 'holdout_scope = "fleet" does not keep durable state yet'),
+    ({"input": {"source": "nats"}}, 'holdout_scope = "fleet" does not run in cluster workers yet'),
     ({"streams": {"mode": "local", "template": {"holdout_scope": "fleet"}}, "local": {"streams": ["z"]}},
      'holdout_scope = "fleet" is for numeric central ToPS streams'),
     ({"streams": {"method": "h16c", "template": {"holdout_scope": "fleet"}}},
      'holdout_scope = "fleet" is for numeric central ToPS streams'),
     ({"ticks": {"mode": "period", "period": 60.0}}, 'holdout_scope = "fleet" releases one tick per reading'),
     ({"streams": {"template": {"theta": 10.0, "holdout": 0}}}, "holdout_scope must be"),
-], ids=["durable", "local", "baseline", "periods", "public-theta"])
+], ids=["cluster", "local", "baseline", "periods", "public-theta"])
 def test_what_the_fleet_does_not_run_is_refused_in_one_line(tmp_path: Path, sections: dict, line: str) -> None:
     doc = _doc(tmp_path)
     for name, values in sections.items():
@@ -153,7 +153,7 @@ def test_what_the_fleet_does_not_run_is_refused_in_one_line(tmp_path: Path, sect
             if isinstance(v, dict):
                 doc[name].setdefault(k, {}).update(v)
             else:
-                doc.setdefault(name, {})[k] = str(tmp_path / "state") if v == "STATE" else v
+                doc.setdefault(name, {})[k] = v
     with pytest.raises(ConfigFileError) as exc:
         build_config(doc)
     assert len([p for p in exc.value.problems if "holdout_scope" in p]) == 1, exc.value.problems

@@ -1,0 +1,94 @@
+"""A fleet holdout with durable state: the holdout, its choice and each stream's share of it continue across
+restarts and kill -9, and the releases are those of one uninterrupted run of the same readings.
+
+The attacks: a restart in the middle of the fleet holdout (the holdout as stored by the last checkpoint, in the same
+transaction as its streams); kill -9 right after the choice, before any checkpoint holds it (the journal alone must
+bring the holdout, the choice and the streams back, in the readings' order); a stream that was in the holdout and
+comes back only after the choice (restored from its stored share, it releases from its next reading with its tick
+count); and a stored fleet holdout that does not fit the configuration (one line, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+
+from tests.daemon.test_fleet_holdout_streams import TPL, fleet_releases
+from tests.support import StdinRun, identity_from_log, release_lines, tops, wait_for, write_toml
+
+
+def _config(tmp: Path) -> Path:
+    return write_toml(tmp / "tops.toml", {
+        "input": {"source": "stdin"}, "output": {"sinks": ["stdout"]}, "metrics": {"port": 0},
+        "streams": {"key_file": str(tmp / "master.key"), "template": dict(TPL)},
+        "state": {"data_dir": str(tmp / "state")}})
+
+
+def _text(lines: list[tuple[str, float]]) -> bytes:
+    return b"".join(f"{n},{v:g}\n".encode() for n, v in lines)
+
+
+def _collect(got: dict[str, dict[int, float]], releases: list[dict]) -> None:
+    """Releases by stream and tick; a tick released again (after kill -9) must carry the same value."""
+    for r in releases:
+        seen = got.setdefault(r["stream"], {})
+        assert seen.setdefault(r["tick"], r["value"]) == r["value"], r
+
+
+def test_restarts_and_kill9_around_the_fleet_choice_release_what_one_run_releases(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    streams = [f"m{i}" for i in range(6)]
+    feed = [(s, float(rng.integers(0, 50))) for _ in range(14) for s in streams]
+    part1 = feed[:25]  # the fleet holdout (40) is not full: stored mid-holdout by the last checkpoint
+    part2 = [x for x in feed[25:52] if x[0] != "m5"]  # it fills at reading 40, then releases; killed before any
+    # checkpoint
+    # m5 sends nothing after part 1: it comes back in part 3, after the choice, from its stored share
+    part3 = [x for x in feed[52:] if x[0] != "m5"] + [("m5", 7.0), ("m5", 9.0), ("late", 3.0)]
+    cfg = _config(tmp_path)
+    got: dict[str, dict[int, float]] = {}
+    r = tops("run", "--config", str(cfg), stdin=_text(part1))
+    assert r.returncode == 0, r.stderr.decode()
+    assert not release_lines(r.stdout)
+    db = sqlite3.connect(tmp_path / "state" / "state.db")
+    stored = json.loads(db.execute("SELECT value FROM meta WHERE key = 'fleet_holdout'").fetchone()[0])
+    db.close()
+    assert stored["choice"] is None and stored["holdout"]["ticks"] == 25
+    shown = tops("state", "--data-dir", str(tmp_path / "state")).stdout.decode()
+    assert "fleet holdout: 25 of 40 readings taken, no theta yet" in shown, shown
+    run = StdinRun(cfg, tmp_path / "run2.log")
+    run.proc.stdin.write(_text(part2))
+    run.proc.stdin.flush()
+    last = part2[-1][0]
+    # the last line's release is out: every line before it is in the journal (releases wait for the sync)
+    wait_for(lambda: any(x["stream"] == last for x in run.releases), what="a release of the last line")
+    run.proc.send_signal(signal.SIGKILL)
+    run.proc.wait(timeout=30)
+    _collect(got, run.releases)
+    r = tops("run", "--config", str(cfg), stdin=_text(part3))
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "Traceback" not in err, err
+    _collect(got, release_lines(r.stdout))
+    want = fleet_releases(tmp_path / "master.key", identity_from_log(err), {}, part1 + part2 + part3)
+    assert got == want
+    theta = next(iter(release_lines(r.stdout)))["theta"]
+    shown = tops("state", "--data-dir", str(tmp_path / "state")).stdout.decode()
+    assert f"fleet holdout: theta {theta:g}, chosen from the template's first 40 readings" in shown, shown
+    assert sum(map(len, got.values())) == len(part1 + part2 + part3) - TPL["holdout"]
+    assert sorted(got["m5"]) == [4, 5] and min(got["late"]) == 0  # m5's first 4 readings were the fleet's
+
+
+def test_a_stored_fleet_holdout_that_does_not_fit_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    r = tops("run", "--config", str(cfg), stdin=b"a,1\nb,2\n")
+    assert r.returncode == 0, r.stderr.decode()
+    db = sqlite3.connect(tmp_path / "state" / "state.db")
+    db.execute("UPDATE meta SET value = ? WHERE key = 'fleet_holdout'", (json.dumps({"version": 7}),))
+    db.commit()
+    db.close()
+    r = tops("run", "--config", str(cfg), stdin=b"a,1\n")
+    err = r.stderr.decode()
+    lines = [x for x in err.splitlines() if "fleet holdout" in x]
+    assert r.returncode == 2 and "Traceback" not in err and len(lines) == 1, err
