@@ -178,15 +178,17 @@ class FleetMember:
     While the fleet holdout takes readings, ``takes_reports`` is True: a daemon hands each reading to
     :meth:`observe_threshold` as it arrives (as a local stream's holdout reports are), so the fleet's holdout is the
     template's readings in their order of arrival, whatever the batches they came in. Those readings are ticks of
-    their stream (``reports_are_ticks``), released by none, as a stream's own holdout readings are."""
+    their stream (``reports_are_ticks``), released by none, as a stream's own holdout readings are. With period ticks
+    (``at_intake`` False) a tick is a period's value, which :meth:`process` takes when the period closes."""
 
-    __slots__ = ("_fleet", "_key", "held", "successor")
+    __slots__ = ("_fleet", "_key", "at_intake", "held", "successor")
     reports_are_ticks = True
 
-    def __init__(self, fleet: FleetHoldout, key: bytes, held: int = 0) -> None:
+    def __init__(self, fleet: FleetHoldout, key: bytes, held: int = 0, *, at_intake: bool = True) -> None:
         self._fleet = fleet
         self._key = key
         self.held = held  # the stream's readings the fleet holdout took
+        self.at_intake = at_intake  # False with period ticks: a tick is a period's value, taken when it closes
         self.successor: ToPS | None = None
 
     def __repr__(self) -> str:
@@ -198,7 +200,7 @@ class FleetMember:
 
     @property
     def takes_reports(self) -> bool:
-        return self.successor is None and self._fleet.choice is None
+        return self.at_intake and self.successor is None and self._fleet.choice is None
 
     @property
     def phase(self) -> str:

@@ -206,6 +206,10 @@ def _by_store(recs: Iterable[StreamRecord]) -> list[tuple[Any, list[StreamRecord
     return list(groups.values())
 
 
+def _name_of(rec: StreamRecord) -> str:
+    return rec.name
+
+
 class StreamMaker:
     """How a router makes a new stream: the operator from ``factory(name)``; the record starts from nothing.
 
@@ -228,8 +232,13 @@ class Router:
     it), at most ``max_streams`` of them."""
 
     def __init__(self, maker: StreamMaker | Callable[[str], Any], max_streams: int, *,
-                 clock: PeriodClock | None = None, aggregate: str = "sum", event_time: bool = False) -> None:
+                 clock: PeriodClock | None = None, aggregate: str = "sum", event_time: bool = False,
+                 close_in_period_order: Callable[[], bool] | None = None) -> None:
         self.maker = maker if isinstance(maker, StreamMaker) else StreamMaker(maker)
+        # while this says so (a fleet holdout takes period values), closed periods are processed period by period
+        # and, within a period, in the order of the streams' names: what the holdout takes does not depend on the
+        # order streams were first seen or restored in, nor on how many periods one pass closes
+        self.close_in_period_order = close_in_period_order
         self.max_streams = max_streams
         self.clock = clock  # None: one reading = one tick
         self.count_events = aggregate == "count"
@@ -1005,7 +1014,9 @@ class Router:
         if clock is None:
             return out
         last = clock.last_closable(now)
-        for rec in self.streams.values():
+        ordered = self.close_in_period_order is not None and self.close_in_period_order()
+        closed: list[tuple[StreamRecord, int, list[Any]]] = []
+        for rec in sorted(self.streams.values(), key=_name_of) if ordered else self.streams.values():
             assert rec.bins is not None
             if rec.failed:
                 continue
@@ -1013,11 +1024,22 @@ class Router:
             upto = max(clock.index(now), max(rec.bins.bins, default=last)) if final else last
             first = rec.bins.first
             values = rec.bins.close_through(upto)
-            if values:
-                ts = [clock.end(k) for k in range(first, first + len(values))]
-                b = self._process(rec, values, ts)
-                if b is not None:
-                    out.append(b)
+            if not values:
+                continue
+            if ordered:
+                closed.append((rec, first, values))
+                continue
+            ts = [clock.end(k) for k in range(first, first + len(values))]
+            b = self._process(rec, values, ts)
+            if b is not None:
+                out.append(b)
+        if closed:
+            for k in range(min(c[1] for c in closed), max(c[1] + len(c[2]) for c in closed)):
+                for rec, first, values in closed:
+                    if first <= k < first + len(values) and not rec.failed:
+                        b = self._process(rec, [values[k - first]], [clock.end(k)])
+                        if b is not None:
+                            out.append(b)
         return out
 
     def take_counts(self) -> dict[str, int]:

@@ -228,7 +228,8 @@ class Daemon:
                                   self.stored_fleet_member if self.fleet is not None else None) \
             if durable is not None else self.operator_factory
         self.router = Router(maker, cfg.streams.max_streams, clock=clock, aggregate=cfg.ticks.aggregate,
-                             event_time=cfg.ticks.clock == "event")
+                             event_time=cfg.ticks.clock == "event",
+                             close_in_period_order=self.fleet_takes_readings if self.fleet is not None else None)
         if category is None and not self.local and cfg.streams.method == "tops":
             self.router.use_columns()  # releasing streams as rows of one columnar store (operators/columnar.py)
         self.intake = self.intake_of(self.router)
@@ -319,7 +320,12 @@ class Daemon:
         choice, then a ToPS releasing with the choice from the stream's first reading."""
         fleet = self.fleet
         assert fleet is not None
-        return FleetMember(fleet, key) if fleet.choice is None else fleet.member(key)
+        return FleetMember(fleet, key, at_intake=self.router.clock is None) if fleet.choice is None \
+            else fleet.member(key)
+
+    def fleet_takes_readings(self) -> bool:
+        """Whether the template's fleet holdout still takes readings (it has not chosen)."""
+        return self.fleet is not None and self.fleet.choice is None
 
     def stored_fleet_member(self, key: bytes, snapshot: dict[str, Any]) -> Any:
         """The operator of a stored stream that was in the fleet holdout (its snapshot says how many of its readings
@@ -329,7 +335,8 @@ class Daemon:
         held = FleetMember.held_in(snapshot)
         if held is None:
             return None
-        return FleetMember(fleet, key, held) if fleet.choice is None else fleet.member(key, held)
+        return FleetMember(fleet, key, held, at_intake=self.router.clock is None) if fleet.choice is None \
+            else fleet.member(key, held)
 
     def announce_identity(self) -> None:
         """One line on stderr with the identity the stream keys derive from (also in every status message)."""
