@@ -274,6 +274,9 @@ class ToPSConfig:
         ``fleet`` (the first ``holdout`` readings of the template's streams together, one choice for all of them:
         :mod:`operators.fleet_holdout`). A ToPS object holds one stream: it reads this only to state it; the daemon
         keeps the fleet's holdout. ``to_dict`` leaves out the default.
+    fleet_generation
+        The fleet holdout's generation (``fleet`` only; default 1, left out by ``to_dict``): a new one is a new
+        holdout, under a key of its own, of the readings that come after it starts.
     """
 
     epsilon: float
@@ -292,6 +295,7 @@ class ToPSConfig:
     selection: str = "calibrated"
     holdout_grid: str = "exact"
     holdout_scope: str = "stream"
+    fleet_generation: int = 1
 
     def __post_init__(self) -> None:
         check_positive("epsilon", self.epsilon)
@@ -315,6 +319,10 @@ class ToPSConfig:
         _check_choice("selection", self.selection, SELECTIONS)
         _check_choice("holdout_grid", self.holdout_grid, HOLDOUT_GRIDS)
         _check_choice("holdout_scope", self.holdout_scope, HOLDOUT_SCOPES)
+        if not _is_int(self.fleet_generation) or not 1 <= self.fleet_generation <= 2**31 - 1:
+            raise _refuse("fleet_generation", "an integer in [1, 2^31 - 1]", self.fleet_generation)
+        if self.holdout_scope != "fleet" and self.fleet_generation != 1:
+            raise _refuse("fleet_generation", '1 unless holdout_scope = "fleet"', self.fleet_generation)
         if self.holdout_scope == "fleet" and self.theta is not None:
             raise _refuse("holdout_scope", '"stream" when theta is fixed (a fleet holdout chooses theta)',
                           self.holdout_scope)
@@ -354,7 +362,7 @@ class ToPSConfig:
         d = _AS_DICT.get(self)
         if d is None:
             d = dataclasses.asdict(self)
-            for name, default in (("holdout_grid", "exact"), ("holdout_scope", "stream")):
+            for name, default in (("holdout_grid", "exact"), ("holdout_scope", "stream"), ("fleet_generation", 1)):
                 if d[name] == default:  # the default, left out: states and ledgers stored before it match
                     del d[name]
             if len(_AS_DICT) < 1024:

@@ -150,15 +150,17 @@ class FleetHoldout:
         """JSON-serialisable state (no key, no reading: the holdout's histogram while it fills, then the choice), with
         what ``tops state`` shows of it: the readings it takes and has taken, and theta in value units once chosen."""
         cfg, choice = self.config, self.choice
-        return {"version": _SNAPSHOT_VERSION, "readings": cfg.holdout, "taken": self.taken,
+        return {"version": _SNAPSHOT_VERSION, "generation": cfg.fleet_generation, "readings": cfg.holdout,
+                "taken": self.taken,
                 "theta": None if choice is None else cfg.lower + choice.theta_units * cfg.resolution,
                 "holdout": None if self._holdout is None else self._holdout.snapshot(),
                 "choice": None if choice is None else choice.to_dict()}
 
     @classmethod
     def restore(cls, config: ToPSConfig, key: bytes, snapshot: dict[str, Any]) -> FleetHoldout:
-        if not isinstance(snapshot, dict) or snapshot.get("version") != _SNAPSHOT_VERSION:
-            msg = "unsupported fleet holdout snapshot"
+        if not isinstance(snapshot, dict) or snapshot.get("version") != _SNAPSHOT_VERSION \
+                or snapshot.get("generation") != config.fleet_generation:
+            msg = "unsupported fleet holdout snapshot (or of another generation)"
             raise ValueError(msg)
         fleet = cls(config, key)
         if snapshot.get("choice") is not None:

@@ -175,11 +175,13 @@ def fleet_summary(text: str | None) -> str | None:
         d = None
     d = _table(d)
     readings, taken, theta = _count(d.get("readings")), _count(d.get("taken")), _real(d.get("theta"))
-    if readings is None or taken is None:
+    generation = _count(d.get("generation"))
+    if readings is None or taken is None or generation is None:
         return "fleet holdout: stored in a form this tops cannot read"
     if theta is not None:
-        return f"fleet holdout: theta {theta:g}, chosen from the template's first {readings} readings"
-    return f"fleet holdout: {taken} of {readings} readings taken, no theta yet (its streams release none)"
+        return f"fleet holdout (generation {generation}): theta {theta:g}, chosen from {readings} readings"
+    return (f"fleet holdout (generation {generation}): {taken} of {readings} readings taken, no theta yet (its "
+            f"streams release none)")
 
 
 def _read(data_dir: Path, ledger: bool) -> tuple[list[dict], str | None, str | None]:

@@ -269,6 +269,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "new_generation": Field("strlist", [], "Streams to start as a new generation when their privacy "
                                 "parameters changed (new key, new ledger entry); also `tops run --new-generation "
                                 "NAME`. Kept after the change, it does nothing more."),
+        "new_generation_all": Field("bool", False, "Start every stream whose privacy parameters changed as a new "
+                                    "generation (a new fleet holdout's streams: `fleet_generation` raised); also "
+                                    "`tops run --new-generation-all`. Kept after the change, it does nothing more."),
     },
     "metrics": {
         "host": Field("str", "127.0.0.1", "Address of the Prometheus endpoint."),
@@ -308,6 +311,9 @@ TEMPLATE_DOCS: dict[str, str] = {
     "resolution": "Values are quantized to multiples of this before integer noise is added.",
     "threshold_epsilon": "Budget of the threshold optimizer on the holdout (omit: epsilon).",
     "theta": "A fixed public threshold: no holdout.",
+    "fleet_generation": "With holdout_scope = fleet: the fleet holdout's generation (default 1). Raising it chooses "
+                        "a new threshold: every stream starts a new generation (tops run --new-generation-all) and "
+                        "the next `holdout` readings form the new fleet holdout.",
     "holdout_scope": "Whose readings the holdout is: stream (default; each stream's own first `holdout` readings) "
                      "or fleet (the first `holdout` readings of all the template's streams together: one threshold "
                      "for all, and a stream that appears after the choice releases from its first reading).",

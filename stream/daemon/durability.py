@@ -133,8 +133,10 @@ class Durability:
         self.checkpoint_interval = float(st.checkpoint_interval)
         self.checkpoint_every = int(st.checkpoint_every)
         self.fold_after = int(st.fold_after)
-        self.new_generation = set(st.new_generation)
         self.params = stream_params(cfg)
+        self.new_generation = set(st.new_generation)
+        if st.new_generation_all:  # every stream whose privacy parameters changed
+            self.new_generation |= set(store.changed_streams(self.params))
         self.master: bytes | None = None
         self.held: list[list[ReleaseBatch]] = []  # releases waiting for the sync of their readings
         # streams whose state changed since the last checkpoint (shared with the stream maker and the journaled
@@ -280,12 +282,17 @@ class Durability:
         if daemon.fleet is not None and stored_fleet is not None:  # before any of its streams is restored
             fleet = daemon.fleet
             try:
-                daemon.fleet = FleetHoldout.restore(fleet.config, daemon.fleet_key, json.loads(stored_fleet))
+                snap = json.loads(stored_fleet)
+                if snap["generation"] == fleet.config.fleet_generation:  # else: a new fleet holdout starts afresh
+                    daemon.fleet = FleetHoldout.restore(fleet.config, daemon.fleet_key, snap)
+                    self.fleet_saved = (daemon.fleet.taken, daemon.fleet.choice is not None)
+                else:
+                    log.info("fleet holdout generation %d starts: the next %d readings choose its threshold",
+                             fleet.config.fleet_generation, fleet.config.holdout)
             except (KeyError, TypeError, ValueError):
                 msg = (f"the stored fleet holdout does not fit the configuration; restore the old [streams.template] "
                        f"or start from an empty [state] data_dir ({self.store.path.parent})")
                 raise StoreError(msg) from None
-            self.fleet_saved = (daemon.fleet.taken, daemon.fleet.choice is not None)
         # With one tick per reading a stream does nothing until its next reading: it is restored then (the ledger
         # checks it, its checkpoint is loaded), as after an eviction, so a restart does not read every stored stream
         # first (a million streams: seconds, not minutes). The journal's streams are restored as it is re-processed.

@@ -114,7 +114,8 @@ def _store_problems(cfg: DaemonConfig, master: bytes | None) -> list[str]:
             problems.append(f"state store {db} was made with another master key than {cfg.streams.key_file}; "
                             "use the key file it was made with, or another [state] data_dir")
         params = stream_params(cfg)
-        problems += store.privacy_mismatches(params, set(cfg.state.new_generation))
+        if not cfg.state.new_generation_all:  # with it, every changed stream starts a new generation
+            problems += store.privacy_mismatches(params, set(cfg.state.new_generation))
         return problems
     except Exception as exc:  # a store of another shape: the start would refuse it too
         return [f"state store {db} cannot be read ({type(exc).__name__})"]

@@ -218,7 +218,8 @@ class Daemon:
         durable = self.durable
         if self._master is not None and category is None and cfg.streams.method == "tops" \
                 and cfg.template.holdout_scope == "fleet":  # keyed by the identity (the store's, with durable state)
-            self.fleet_key = derive_stream_key(self._master, FLEET_KEY_NAME, identity=self.identity)
+            self.fleet_key = derive_stream_key(self._master, FLEET_KEY_NAME, identity=self.identity,
+                                               generation=cfg.template.fleet_generation)
             self.fleet = FleetHoldout(cfg.template, self.fleet_key)
         clock = None
         if cfg.ticks.mode == "period":
@@ -1081,6 +1082,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new-generation", action="append", default=[], metavar="NAME",
                         help="start stream NAME as a new generation (new key, new ledger entry) when its privacy "
                         "parameters changed; repeatable")
+    parser.add_argument("--new-generation-all", action="store_true",
+                        help="start every stream whose privacy parameters changed as a new generation (a raised "
+                        "fleet_generation: a new fleet holdout)")
 
 
 def config_from_args(args: argparse.Namespace) -> DaemonConfig:
@@ -1103,6 +1107,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
     if getattr(args, "data_dir", None) is not None:
         st["data_dir"] = args.data_dir
     st["new_generation"] = list(st["new_generation"]) + list(getattr(args, "new_generation", None) or [])
+    st["new_generation_all"] = bool(st["new_generation_all"] or getattr(args, "new_generation_all", False))
     return cfg
 
 

@@ -60,6 +60,8 @@ PRIVACY_KEYS = (
     "alpha",
     "window",
     "holdout_grid",  # the holdout histogram's cells (a holdout kept in one grid can not continue in the other)
+    "holdout_scope",  # a stream's own holdout or the fleet's (a stored holdout of one can not continue as the other)
+    "fleet_generation",  # a new fleet holdout: its streams start new generations
     "kind",  # categorical streams (only their params hold these keys)
     "categories",
     "mechanism",
@@ -161,7 +163,7 @@ def _changed_message(name: str, gen: int, old: dict[str, Any], new: dict[str, An
     return (
         f"stream {name!r} was started with other privacy parameters ({diff}); refusing to mix them. "
         f"Keep the old parameters, or start generation {gen + 1} of this stream explicitly "
-        f"(new key, new ledger entry): tops run --new-generation {name}"
+        f"(new key, new ledger entry): tops run --new-generation {name} (every changed stream: --new-generation-all)"
     )
 
 
@@ -342,16 +344,22 @@ class Store:
         the start runs it too, since stored streams are restored when their next reading comes). One pass over the
         distinct parameter sets (streams of one template share one), then the streams of those that differ."""
         new = _privacy_view(params)
+        return sorted(_changed_message(name, gen, _privacy_view(json.loads(pj)), new)
+                      for name, gen, pj in self._changed(params) if name not in skip)
+
+    def changed_streams(self, params: dict[str, Any]) -> list[str]:
+        """The stored streams whose privacy parameters differ from ``params``, in name order."""
+        return sorted(name for name, _, _ in self._changed(params))
+
+    def _changed(self, params: dict[str, Any]) -> list[tuple[str, int, str]]:
+        new = _privacy_view(params)
         out = []
         for (pj,) in self._db.execute("SELECT DISTINCT params FROM streams").fetchall():
-            old = _privacy_view(json.loads(pj))
-            if old == new:
+            if _privacy_view(json.loads(pj)) == new:
                 continue
-            for name, gen in self._db.execute("SELECT name, generation FROM streams WHERE params = ? ORDER BY name",
-                                              (pj,)):
-                if name not in skip:
-                    out.append(_changed_message(name, int(gen), old, new))
-        return sorted(out)
+            out += [(name, int(gen), pj) for name, gen in self._db.execute(
+                "SELECT name, generation FROM streams WHERE params = ? ORDER BY name", (pj,))]
+        return out
 
     def count_streams(self) -> int:
         """How many streams the store holds."""

@@ -50,20 +50,22 @@ def _by_stream(text: str) -> dict[str, dict[int, float]]:
     return got
 
 
-def fleet_releases(key_file: Path, identity: str, template: dict, lines: list[tuple[str, float]]
-                   ) -> dict[str, dict[int, float]]:
+def fleet_releases(key_file: Path, identity: str, template: dict, lines: list[tuple[str, float]],
+                   generation: int = 1) -> dict[str, dict[int, float]]:
     """What the fleet's operators release of ``lines`` (in their order) with the daemon's keys: the fleet holdout
     (its key derived under FLEET_KEY_NAME) takes the first readings, each stream's own ToPS the others; every reading
-    is a tick of its stream, the held ones released by none."""
+    is a tick of its stream, the held ones released by none. ``generation``: the streams' key generation (the
+    fleet's is the template's ``fleet_generation``)."""
     cfg = build_config(_doc(key_file.parent, **template)).template
     master = load_master_key(key_file)
-    fleet = FleetHoldout(cfg, derive_stream_key(master, FLEET_KEY_NAME, identity=identity))
+    fleet = FleetHoldout(cfg, derive_stream_key(master, FLEET_KEY_NAME, identity=identity,
+                                                generation=cfg.fleet_generation))
     ops: dict[str, object] = {}
     ticks: dict[str, int] = {}
     out: dict[str, dict[int, float]] = {}
     for name, v in lines:
         if name not in ops:
-            key = derive_stream_key(master, name, identity=identity)
+            key = derive_stream_key(master, name, identity=identity, generation=generation)
             ops[name] = FleetMember(fleet, key) if fleet.choice is None else fleet.member(key)
         r = float(ops[name].process(np.array([v]))[0])  # type: ignore[attr-defined]
         tick = ticks[name] = ticks.get(name, -1) + 1

@@ -99,15 +99,14 @@ def test_a_snapshot_mid_holdout_continues_to_the_same_choice() -> None:
     assert chosen.choice == whole.choice and chosen.holdout_left == 0
 
 
-@pytest.mark.parametrize("bad", [{"version": 9}, "x", {"version": 1, "choice": {"theta_units": 0,
-                                                                                 "smoother_layers": None,
-                                                                                 "start_units": None,
-                                                                                 "fallback": False,
-                                                                                 "error_stats": []}},
-                                 {"version": 1, "choice": {"theta_units": 3, "smoother_layers": 1,
-                                                           "start_units": 1.0, "fallback": False,
-                                                           "error_stats": [float("nan")]}}],
-                         ids=["version", "not-a-dict", "theta-0", "nan-stats"])
+_CHOICE = {"theta_units": 3, "smoother_layers": 1, "start_units": 1.0, "fallback": False, "error_stats": [1.0]}
+
+
+@pytest.mark.parametrize("bad", [
+    {"version": 9}, "x", {"version": 1, "generation": 2, "choice": None},
+    {"version": 1, "generation": 1, "choice": {**_CHOICE, "theta_units": 0}},
+    {"version": 1, "generation": 1, "choice": {**_CHOICE, "error_stats": [float("nan")]}},
+], ids=["version", "not-a-dict", "generation", "theta-0", "nan-stats"])
 def test_a_hostile_snapshot_is_refused(bad: object) -> None:
     with pytest.raises(ValueError):
         FleetHoldout.restore(CFG, FLEET_KEY, bad)  # type: ignore[arg-type]

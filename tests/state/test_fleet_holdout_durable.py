@@ -20,10 +20,10 @@ from tests.daemon.test_fleet_holdout_streams import TPL, fleet_releases
 from tests.support import StdinRun, identity_from_log, release_lines, tops, wait_for, write_toml
 
 
-def _config(tmp: Path) -> Path:
+def _config(tmp: Path, **template: object) -> Path:
     return write_toml(tmp / "tops.toml", {
         "input": {"source": "stdin"}, "output": {"sinks": ["stdout"]}, "metrics": {"port": 0},
-        "streams": {"key_file": str(tmp / "master.key"), "template": dict(TPL)},
+        "streams": {"key_file": str(tmp / "master.key"), "template": {**TPL, **template}},
         "state": {"data_dir": str(tmp / "state")}})
 
 
@@ -57,7 +57,7 @@ def test_restarts_and_kill9_around_the_fleet_choice_release_what_one_run_release
     db.close()
     assert stored["choice"] is None and stored["holdout"]["ticks"] == 25
     shown = tops("state", "--data-dir", str(tmp_path / "state")).stdout.decode()
-    assert "fleet holdout: 25 of 40 readings taken, no theta yet" in shown, shown
+    assert "fleet holdout (generation 1): 25 of 40 readings taken, no theta yet" in shown, shown
     run = StdinRun(cfg, tmp_path / "run2.log")
     run.proc.stdin.write(_text(part2))
     run.proc.stdin.flush()
@@ -75,7 +75,7 @@ def test_restarts_and_kill9_around_the_fleet_choice_release_what_one_run_release
     assert got == want
     theta = next(iter(release_lines(r.stdout)))["theta"]
     shown = tops("state", "--data-dir", str(tmp_path / "state")).stdout.decode()
-    assert f"fleet holdout: theta {theta:g}, chosen from the template's first 40 readings" in shown, shown
+    assert f"fleet holdout (generation 1): theta {theta:g}, chosen from 40 readings" in shown, shown
     assert sum(map(len, got.values())) == len(part1 + part2 + part3) - TPL["holdout"]
     assert sorted(got["m5"]) == [4, 5] and min(got["late"]) == 0  # m5's first 4 readings were the fleet's
 
@@ -92,3 +92,33 @@ def test_a_stored_fleet_holdout_that_does_not_fit_stops_the_start_in_one_line(tm
     err = r.stderr.decode()
     lines = [x for x in err.splitlines() if "fleet holdout" in x]
     assert r.returncode == 2 and "Traceback" not in err and len(lines) == 1, err
+
+
+def test_a_new_fleet_generation_chooses_again_from_new_readings_only(tmp_path: Path) -> None:
+    """``fleet_generation`` raised: without ``--new-generation-all`` the start stops with one line per stream; with
+    it, every stream starts its next generation (a new key, ticks from 0), the next ``holdout`` readings form the new
+    fleet holdout (none of them released, none of the first generation's readings in it), and the releases are the
+    new generation's operators' on the new readings."""
+    rng = np.random.default_rng(12)
+    streams = [f"m{i}" for i in range(6)]
+    first = [(s, float(rng.integers(0, 50))) for _ in range(10) for s in streams]
+    second = [(s, float(rng.integers(0, 50))) for _ in range(12) for s in streams]
+    r = tops("run", "--config", str(_config(tmp_path)), stdin=_text(first))
+    assert r.returncode == 0, r.stderr.decode()
+    cfg2 = _config(tmp_path, fleet_generation=2)
+    r = tops("run", "--config", str(cfg2), stdin=_text(second))
+    err = [x for x in r.stderr.decode().splitlines() if x.strip()]
+    assert r.returncode == 2 and len(err) == 6 and all("fleet_generation None -> 2" in x and "--new-generation-all" in x
+                                                                 for x in err), err
+    r = tops("run", "--config", str(cfg2), "--new-generation-all", stdin=_text(second))
+    text = r.stderr.decode()
+    assert r.returncode == 0 and "fleet holdout generation 2 starts" in text, text
+    got: dict[str, dict[int, float]] = {}
+    _collect(got, release_lines(r.stdout))
+    want = fleet_releases(tmp_path / "master.key", identity_from_log(text), {"fleet_generation": 2}, second,
+                          generation=2)
+    assert got == want and sum(map(len, got.values())) == len(second) - TPL["holdout"]
+    statuses = [json.loads(x) for x in r.stdout.decode().splitlines() if '"phase"' in x]
+    assert {s["generation"] for s in statuses} == {2}
+    shown = tops("state", "--data-dir", str(tmp_path / "state")).stdout.decode()
+    assert "fleet holdout (generation 2): theta" in shown, shown
