@@ -914,3 +914,97 @@ def render_nats_conf(name: str, client: int, cluster: int, mqtt: int, routes: li
     return Template(text).substitute(NAME=name, HOST="127.0.0.1", CLIENT_PORT=client, CLUSTER_PORT=cluster,
                                      MQTT_PORT=mqtt, STORE=str(store), PARTITIONS=partitions,
                                      ROUTES=", ".join(f"nats-route://127.0.0.1:{p}" for p in routes))
+
+
+class Feeder(threading.Thread):
+    """Publishes ``{"value", "seq"}`` readings of several streams at QoS 1, interleaved, at a steady pace."""
+
+    def __init__(self, port: int, values: dict[str, np.ndarray], rate: float,
+                 starts: dict[str, int] | None = None) -> None:
+        super().__init__(daemon=True)
+        import paho.mqtt.client as mqtt
+
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="feeder")
+        self.client.max_inflight_messages_set(100)
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        self.values, self.pause = values, 1.0 / rate
+        self.starts = starts or dict.fromkeys(values, 0)  # the round of each stream's first reading
+        self.sent = 0
+        self.total = sum(len(v) for v in values.values())
+        self.flowing = threading.Event()  # cleared: the feeder pauses before its next round
+        self.flowing.set()
+
+    def wait_sent(self, count: int) -> None:
+        """Wait until ``count`` readings were published (or every reading was): the kill points are counts of
+        readings sent, so they fall at the same places in the input however fast the machine runs."""
+        wait_for(lambda: self.sent >= min(count, self.total) or not self.is_alive(), 60, interval=0.005,
+                 what=f"{count} readings sent")
+
+    def run(self) -> None:
+        n = max(self.starts[s] + len(v) for s, v in self.values.items())
+        infos = []
+        for i in range(n):
+            for s, v in self.values.items():
+                j = i - self.starts[s]
+                if 0 <= j < len(v):
+                    self.flowing.wait()
+                    payload = json.dumps({"value": float(v[j]), "seq": j})
+                    infos.append(self.client.publish(f"meters/{s}/reading", payload, qos=1))
+                    self.sent += 1
+            time.sleep(self.pause)
+        for info in infos:
+            info.wait_for_publish(30)
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+class PlainFeeder(Feeder):
+    """Publishes plain numbers (no ``seq``) of several streams at QoS 1, interleaved, at a steady pace."""
+
+    def run(self) -> None:
+        n = max(len(v) for v in self.values.values())
+        infos = []
+        for i in range(n):
+            for s, v in self.values.items():
+                if i < len(v):
+                    self.flowing.wait()
+                    infos.append(self.client.publish(f"meters/{s}/reading", f"{float(v[i]):g}", qos=1))
+                    self.sent += 1
+            time.sleep(self.pause)
+        for info in infos:
+            info.wait_for_publish(30)
+        self.client.loop_stop()
+
+
+# a fleet-holdout template small enough for tests (tests/daemon, tests/state and tests/e2e share it)
+FLEET_TEMPLATE = {"epsilon": 1.0, "bound": 50.0, "holdout": 40, "fanout": 2, "query_range": 64,
+                  "holdout_scope": "fleet"}
+
+
+def fleet_releases(key_file: Path, identity: str, template: dict, lines: list[tuple[str, float]],
+                   generation: int = 1) -> dict[str, dict[int, float]]:
+    """What the fleet's operators release of ``lines`` (in their order) with the daemon's keys: the fleet holdout
+    (its key derived under FLEET_KEY_NAME) takes the first readings, each stream's own ToPS the others; every reading
+    is a tick of its stream, the held ones released by none. ``generation``: the streams' key generation (the
+    fleet's is the template's ``fleet_generation``)."""
+    from operators import ToPSConfig
+    from operators.fleet_holdout import FLEET_KEY_NAME, FleetHoldout, FleetMember
+    from stream.core.keys import derive_stream_key, load_master_key
+
+    cfg = ToPSConfig(**{**FLEET_TEMPLATE, **template})
+    master = load_master_key(key_file)
+    fleet = FleetHoldout(cfg, derive_stream_key(master, FLEET_KEY_NAME, identity=identity,
+                                                generation=cfg.fleet_generation))
+    ops: dict[str, Any] = {}
+    ticks: dict[str, int] = {}
+    out: dict[str, dict[int, float]] = {}
+    for name, v in lines:
+        if name not in ops:
+            key = derive_stream_key(master, name, identity=identity, generation=generation)
+            ops[name] = FleetMember(fleet, key) if fleet.choice is None else fleet.member(key)
+        r = float(ops[name].process(np.array([v]))[0])
+        tick = ticks[name] = ticks.get(name, -1) + 1
+        if not math.isnan(r):
+            out.setdefault(name, {})[tick] = r
+    return out

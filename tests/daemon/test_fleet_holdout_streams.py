@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from operators.fleet_holdout import FLEET_KEY_NAME, FleetHoldout, FleetMember
 from stream.core.config import build_config
 from stream.core.errors import ConfigFileError
-from stream.core.keys import derive_stream_key, load_master_key
 from stream.daemon import service as daemon_mod
-from tests.support import identity_from_log, release_lines, tops_text, write_toml
+from tests.support import FLEET_TEMPLATE, fleet_releases, identity_from_log, release_lines, tops_text, write_toml
 
-TPL = {"epsilon": 1.0, "bound": 50.0, "holdout": 40, "fanout": 2, "query_range": 64, "holdout_scope": "fleet"}
+TPL = FLEET_TEMPLATE
 
 
 def _doc(tmp: Path, **template: object) -> dict:
@@ -48,30 +45,6 @@ def _by_stream(text: str) -> dict[str, dict[int, float]]:
         assert r["tick"] not in got.setdefault(r["stream"], {}), r  # one release per tick
         got[r["stream"]][r["tick"]] = r["value"]
     return got
-
-
-def fleet_releases(key_file: Path, identity: str, template: dict, lines: list[tuple[str, float]],
-                   generation: int = 1) -> dict[str, dict[int, float]]:
-    """What the fleet's operators release of ``lines`` (in their order) with the daemon's keys: the fleet holdout
-    (its key derived under FLEET_KEY_NAME) takes the first readings, each stream's own ToPS the others; every reading
-    is a tick of its stream, the held ones released by none. ``generation``: the streams' key generation (the
-    fleet's is the template's ``fleet_generation``)."""
-    cfg = build_config(_doc(key_file.parent, **template)).template
-    master = load_master_key(key_file)
-    fleet = FleetHoldout(cfg, derive_stream_key(master, FLEET_KEY_NAME, identity=identity,
-                                                generation=cfg.fleet_generation))
-    ops: dict[str, object] = {}
-    ticks: dict[str, int] = {}
-    out: dict[str, dict[int, float]] = {}
-    for name, v in lines:
-        if name not in ops:
-            key = derive_stream_key(master, name, identity=identity, generation=generation)
-            ops[name] = FleetMember(fleet, key) if fleet.choice is None else fleet.member(key)
-        r = float(ops[name].process(np.array([v]))[0])  # type: ignore[attr-defined]
-        tick = ticks[name] = ticks.get(name, -1) + 1
-        if not math.isnan(r):
-            out.setdefault(name, {})[tick] = r
-    return out
 
 
 def _interleaved(rng: np.random.Generator, streams: int, rounds: int) -> list[tuple[str, float]]:

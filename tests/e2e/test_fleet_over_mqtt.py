@@ -11,11 +11,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.daemon.test_fleet_holdout_streams import fleet_releases
-from tests.e2e.test_kill9_restarts import Feeder
-from tests.support import DaemonProcess, Subscriber, daemon_config, find_identity, free_port, wait_for
+from tests.support import (
+    FLEET_TEMPLATE,
+    DaemonProcess,
+    Feeder,
+    Subscriber,
+    daemon_config,
+    find_identity,
+    fleet_releases,
+    free_port,
+    wait_for,
+)
 
-TEMPLATE = {"epsilon": 1.0, "bound": 50.0, "holdout": 40, "fanout": 2, "query_range": 64, "holdout_scope": "fleet"}
+TEMPLATE = FLEET_TEMPLATE
 
 
 @pytest.mark.network
@@ -60,6 +68,6 @@ def test_kill9_after_the_fleet_choice_over_mqtt_releases_what_the_published_orde
         for s, v in values.items():
             if 0 <= i - starts[s] < len(v):
                 order.append((s, float(v[i - starts[s]])))
-    want = fleet_releases(tmp_path / "master.key", find_identity(tmp_path), {"bound": 50.0, "holdout": 40}, order)
+    want = fleet_releases(tmp_path / "master.key", find_identity(tmp_path), {}, order)
     assert releases() == want
     assert all(0 in want[f"late-{i}"] for i in range(2))  # a stream after the choice: its first reading released

@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,8 @@ from stream.state.store import Store
 from tests.support import (
     TEMPLATE,
     DaemonProcess,
+    Feeder,
+    PlainFeeder,
     Subscriber,
     check_against_replay,
     daemon_config,
@@ -33,67 +34,6 @@ from tests.support import (
     tops,
     wait_for,
 )
-
-
-class Feeder(threading.Thread):
-    """Publishes ``{"value", "seq"}`` readings of several streams at QoS 1, interleaved, at a steady pace."""
-
-    def __init__(self, port: int, values: dict[str, np.ndarray], rate: float,
-                 starts: dict[str, int] | None = None) -> None:
-        super().__init__(daemon=True)
-        import paho.mqtt.client as mqtt
-
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="feeder")
-        self.client.max_inflight_messages_set(100)
-        self.client.connect("127.0.0.1", port)
-        self.client.loop_start()
-        self.values, self.pause = values, 1.0 / rate
-        self.starts = starts or dict.fromkeys(values, 0)  # the round of each stream's first reading
-        self.sent = 0
-        self.total = sum(len(v) for v in values.values())
-        self.flowing = threading.Event()  # cleared: the feeder pauses before its next round
-        self.flowing.set()
-
-    def wait_sent(self, count: int) -> None:
-        """Wait until ``count`` readings were published (or every reading was): the kill points are counts of
-        readings sent, so they fall at the same places in the input however fast the machine runs."""
-        wait_for(lambda: self.sent >= min(count, self.total) or not self.is_alive(), 60, interval=0.005,
-                 what=f"{count} readings sent")
-
-    def run(self) -> None:
-        n = max(self.starts[s] + len(v) for s, v in self.values.items())
-        infos = []
-        for i in range(n):
-            for s, v in self.values.items():
-                j = i - self.starts[s]
-                if 0 <= j < len(v):
-                    self.flowing.wait()
-                    payload = json.dumps({"value": float(v[j]), "seq": j})
-                    infos.append(self.client.publish(f"meters/{s}/reading", payload, qos=1))
-                    self.sent += 1
-            time.sleep(self.pause)
-        for info in infos:
-            info.wait_for_publish(30)
-        self.client.loop_stop()
-        self.client.disconnect()
-
-
-class PlainFeeder(Feeder):
-    """Publishes plain numbers (no ``seq``) of several streams at QoS 1, interleaved, at a steady pace."""
-
-    def run(self) -> None:
-        n = max(len(v) for v in self.values.values())
-        infos = []
-        for i in range(n):
-            for s, v in self.values.items():
-                if i < len(v):
-                    self.flowing.wait()
-                    infos.append(self.client.publish(f"meters/{s}/reading", f"{float(v[i]):g}", qos=1))
-                    self.sent += 1
-            time.sleep(self.pause)
-        for info in infos:
-            info.wait_for_publish(30)
-        self.client.loop_stop()
 
 
 def take_session_over(port: int, client_id: str) -> None:

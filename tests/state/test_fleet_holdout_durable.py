@@ -16,8 +16,18 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.daemon.test_fleet_holdout_streams import TPL, fleet_releases
-from tests.support import StdinRun, identity_from_log, release_lines, tops, wait_for, write_toml
+from tests.support import (
+    FLEET_TEMPLATE,
+    StdinRun,
+    fleet_releases,
+    identity_from_log,
+    release_lines,
+    tops,
+    wait_for,
+    write_toml,
+)
+
+TPL = FLEET_TEMPLATE
 
 
 def _config(tmp: Path, **template: object) -> Path:
