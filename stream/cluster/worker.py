@@ -44,6 +44,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from operators.fleet_holdout import FleetHoldout
 from stream.cluster.jetstream import Names, ensure, key_check, state_key
 from stream.cluster.leases import lease_key, share, wanted
 from stream.cluster.pipeline import BatchPull, ReleasePublisher, ack_sequences
@@ -122,6 +123,7 @@ class ClusterWorker:
         self.js: Any = None
         self.kv: dict[str, Any] = {}
         self.taking: asyncio.Task | None = None  # free partitions being taken, beside the main loop
+        self.fleet: FleetOutcome | None = None  # holdout_scope = "fleet": the cluster's fleet holdout, chosen
         self.remaking: dict[int, asyncio.Task] = {}  # partition -> its consumer being made again (a lost delivery)
         reg = self.registry = CollectorRegistry()
         self.m_partitions = Gauge("tops_cluster_partitions_owned", "Partitions this worker holds", registry=reg)
@@ -138,6 +140,8 @@ class ClusterWorker:
     # -- streams ----------------------------------------------------------------------------------------------------
     def _operator(self, name: str) -> Any:
         key = derive_stream_key(self.master, name, identity=self.identity)
+        if self.fleet is not None:  # the fleet holdout chose before any partition was taken (_fleet_choice)
+            return self.fleet.holdout.member(key, self.fleet.held.get(name, 0))
         return build_operator(self.template, "tops", key)
 
     async def _record(self, name: str, part: Partition) -> StreamRecord | None:
@@ -177,6 +181,8 @@ class ClusterWorker:
         else:
             self.js_seq[name] = 0
             self.state_rev[name] = None
+            if self.fleet is not None:  # the seq of its last reading the fleet holdout took: later repeats are dropped
+                rec.last_seq = self.fleet.last_seq.get(name)
         part.streams.add(name)
         self.of_stream[name] = part.index
         return rec
@@ -241,14 +247,22 @@ class ClusterWorker:
                 continue
             self.js_seq[name] = seq
             self.changed.add(name)
-            if len(m.data) > limit:
+            fleet = self.fleet
+            if fleet is not None and seq <= fleet.until:  # the fleet holdout's readings (the stream's ticks: held)
+                if seq < fleet.until or fleet.tail is None or fleet.tail[0] != name:
+                    self.m_readings.labels("fleet_holdout").inc()
+                    continue
+                values, ts, seqs = fleet.tail[1:]  # the readings of the message after the holdout's last one
+                bad = 0
+            elif len(m.data) > limit:
                 self.m_readings.labels("too_large").inc()
                 continue
-            try:
-                values, ts, seqs, bad = decode_payload_columns(m.data)
-            except PayloadError:
-                self.m_readings.labels("invalid").inc()
-                continue
+            else:
+                try:
+                    values, ts, seqs, bad = decode_payload_columns(m.data)
+                except PayloadError:
+                    self.m_readings.labels("invalid").inc()
+                    continue
             if bad:
                 self.m_readings.labels("invalid").inc(bad)
             if not values or rec.failed:
@@ -671,6 +685,8 @@ class ClusterWorker:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
             raise
+        if joined and self.template.holdout_scope == "fleet":
+            joined = await self._fleet_choice()
         if not joined:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
@@ -729,6 +745,53 @@ class ClusterWorker:
         for part in list(self.owned.values()):
             await self._drop(part, hand_back=True)
 
+    async def _fleet_choice(self) -> bool:
+        """The cluster's fleet holdout (one per template generation, in the meta bucket under the cluster's key check):
+        read from there, or made from the input's first readings and created there (compare-and-set: of two workers
+        making it together, one creates it and the other reads it; both made the same). The partitions wait for it:
+        whether a message is the holdout's depends on it. False: a stop came first."""
+        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+
+        from operators.fleet_holdout import FLEET_KEY_NAME
+
+        meta, cfg = self.kv["meta"], self.template
+        entry_key = f"fleet.{cfg.fleet_generation}"
+        key = derive_stream_key(self.master, FLEET_KEY_NAME, identity=self.identity, generation=cfg.fleet_generation)
+        prefix = f"{self.names.input_subject}."
+        messages: list[tuple[int, str, bytes]] = []
+        next_seq = 1
+        while not self.stopping.is_set():
+            try:
+                entry = await meta.get(entry_key)
+            except KeyNotFoundError:
+                entry = None
+            if entry is not None:
+                doc = json.loads(entry.value)
+                if not hmac.compare_digest(str(doc.get("key_check")).encode(), self.key_check.encode()):
+                    msg = ("the cluster's fleet holdout was made with another master key or cluster identity than "
+                           "this worker's; refusing to start")
+                    raise WorkerError(msg)
+                self.fleet = FleetOutcome.from_doc(doc, cfg, key)
+                log.info("worker %s: fleet holdout generation %d, theta %g", self.name, cfg.fleet_generation,
+                         cfg.lower + self.fleet.holdout.choice.theta_units * cfg.resolution)
+                return True
+            try:  # the input's messages from the next one on, in sequence order
+                while True:
+                    m = await self.js.get_msg(self.names.input_stream, seq=next_seq, subject=f"{prefix}>", next=True)
+                    name = m.subject[len(prefix):].partition(".")[2]
+                    messages.append((m.seq, name, m.data or b""))
+                    next_seq = m.seq + 1
+            except NotFoundError:
+                pass
+            made = read_fleet_holdout(FleetHoldout(cfg, key), messages, self.cfg.input.max_payload_bytes)
+            if made is not None:
+                doc = json.dumps(made.to_doc(self.key_check), separators=(",", ":")).encode()
+                with contextlib.suppress(KeyWrongLastSequenceError):
+                    await meta.create(entry_key, doc)
+                continue  # what the meta bucket holds now
+            await asyncio.sleep(0.2)
+        return False
+
     async def _identity(self) -> None:
         """The cluster's identity, key check and parameters: each created by the first worker (compare-and-set),
         compared by every other."""
@@ -753,6 +816,67 @@ class ClusterWorker:
             msg = ("the cluster's streams were started with other privacy parameters (stream template); refusing "
                    "to start (run every worker with the same [streams.template])")
             raise WorkerError(msg)
+
+
+@dataclass
+class FleetOutcome:
+    """What a cluster's fleet holdout decided (:mod:`operators.fleet_holdout`), as every worker reads it from the meta
+    bucket: the holdout with its choice; ``until``, the input sequence of the message holding its last reading;
+    ``tail``, that message's readings after it (``(stream, values, ts, seqs)``: its stream's first readings to
+    release, or None); and for each stream that gave readings, how many (``held``: its ticks before its first
+    release) and the last ``seq`` among them."""
+
+    holdout: FleetHoldout
+    until: int
+    tail: tuple[str, list[float], list[float | None] | None, list[int | None] | None] | None
+    held: dict[str, int]
+    last_seq: dict[str, int]
+
+    def to_doc(self, key_check: str) -> dict[str, Any]:
+        return {"key_check": key_check, "holdout": self.holdout.snapshot(), "until": self.until,
+                "tail": None if self.tail is None else list(self.tail), "held": self.held, "last_seq": self.last_seq}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any], config: Any, key: bytes) -> FleetOutcome:
+        holdout = FleetHoldout.restore(config, key, doc["holdout"])
+        if holdout.choice is None:
+            msg = "a stored fleet outcome without a choice"
+            raise ValueError(msg)
+        tail = doc["tail"]
+        return cls(holdout, int(doc["until"]), None if tail is None else (str(tail[0]), *tail[1:]),
+                   {str(k): int(v) for k, v in doc["held"].items()},
+                   {str(k): int(v) for k, v in doc["last_seq"].items()})
+
+
+def read_fleet_holdout(fleet: FleetHoldout, messages: list[tuple[int, str, bytes]], limit: int) -> FleetOutcome | None:
+    """The fleet holdout of a cluster's input: the first ``holdout`` readings of the messages ``(input sequence,
+    stream name, payload)`` in sequence order, taken as a worker takes them (a valid stream name, at most ``limit``
+    bytes, decoded; a reading whose ``seq`` is not above its stream's last one is a repeat, not taken). Every worker
+    reads the same messages the same way under the same key, so each would make the same choice. None while the
+    messages hold fewer readings."""
+    held: dict[str, int] = {}
+    last_seq: dict[str, int] = {}
+    for seq, name, data in messages:
+        try:
+            check_stream_name(name)
+            if len(data) > limit:
+                continue
+            values, ts, seqs, _ = decode_payload_columns(data)
+        except PayloadError:
+            continue
+        for i, v in enumerate(values):
+            r = None if seqs is None else seqs[i]
+            if r is not None:
+                if name in last_seq and r <= last_seq[name]:
+                    continue
+                last_seq[name] = r
+            fleet.take([v])
+            held[name] = held.get(name, 0) + 1
+            if fleet.choice is not None:
+                rest = (name, values[i + 1:], None if ts is None else ts[i + 1:],
+                        None if seqs is None else seqs[i + 1:])
+                return FleetOutcome(fleet, seq, rest if rest[1] else None, held, last_seq)
+    return None
 
 
 def _where(exc: BaseException) -> str:

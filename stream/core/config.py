@@ -634,9 +634,6 @@ def _fleet_problems(sections: dict[str, dict[str, Any]], method: str) -> list[st
     if streams["kind"] != "numeric" or streams["mode"] != "central" or method != "tops":
         problems.append('[streams.template] holdout_scope = "fleet" is for numeric central ToPS streams ([streams] '
                         'kind = "numeric", mode = "central", method = "tops")')
-    if sections["input"]["source"] == "nats":
-        problems.append('[streams.template] holdout_scope = "fleet" does not run in cluster workers yet ([input] '
-                        'source = "stdin" or "mqtt")')
     return problems
 
 

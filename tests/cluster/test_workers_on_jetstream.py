@@ -20,7 +20,18 @@ import pytest
 from stream.core.config import build_config, build_operator, load_config
 from stream.core.errors import ConfigFileError
 from stream.core.keys import derive_stream_key, load_master_key
-from tests.support import NATS_SERVER, ROOT, TEMPLATE, NatsCluster, free_port, scrape, wait_for, write_toml
+from tests.support import (
+    FLEET_TEMPLATE,
+    NATS_SERVER,
+    ROOT,
+    TEMPLATE,
+    NatsCluster,
+    fleet_releases,
+    free_port,
+    scrape,
+    wait_for,
+    write_toml,
+)
 
 # JetStream API requests the tests make themselves, for workers they set up by hand: the meta leader of a loaded
 # cluster (four test processes on two cores) can take longer than a worker's 5 s to create a bucket
@@ -52,13 +63,13 @@ def test_the_shipped_worker_configuration_is_valid() -> None:
 
 
 def worker_config(tmp: Path, cluster: NatsCluster, name: str, metrics_port: int = 0, key_file: str = "master.key",
-                  partitions: int | None = None) -> Path:
+                  partitions: int | None = None, template: dict | None = None) -> Path:
     return write_toml(tmp / f"{name}.toml", {
         "input": {"source": "nats"},
         "nats": {"servers": cluster.servers, "partitions": partitions or cluster.partitions, "worker": name,
                  "lease_ttl": 5.0,
                  "checkpoint_interval": 0.3, "fetch_batch": 200},
-        "streams": {"key_file": str(tmp / key_file), "template": dict(TEMPLATE)},
+        "streams": {"key_file": str(tmp / key_file), "template": dict(template or TEMPLATE)},
         "metrics": {"port": metrics_port},
     })
 
@@ -898,3 +909,46 @@ def test_a_stream_state_made_under_another_key_or_identity_is_refused_when_loade
     assert out_after == out_before, f"{out_after - out_before} releases under the new identity"
     assert after == stored, "the stream's state was written again"
     assert free, "the refused worker kept the partition's lease"
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_one_fleet_holdout_for_the_cluster_whichever_worker_takes_which_partition(nats_cluster: NatsCluster,
+                                                                                tmp_path: Path) -> None:
+    """``holdout_scope = "fleet"`` on two workers over the partitions, one of them killed with SIGKILL mid-stream and a
+    third started: the cluster has one fleet holdout (the input's first ``holdout`` readings, in the input stream's
+    order, whichever partitions they are on), every stream releases with its one choice, and every (stream, tick)
+    is the fleet's operators' on the readings in the order they were published: none twice, none missing."""
+    _key_file(tmp_path / "master.key")
+    rng = np.random.default_rng(15)
+    values = {f"m{i}": rng.integers(0, 50, 30).astype(float) for i in range(12)}
+    cluster = nats_cluster
+    workers = [Worker(worker_config(tmp_path, cluster, f"f{i}", template=FLEET_TEMPLATE), tmp_path, f"f{i}")
+               for i in range(2)]
+    feeder = JetStreamFeeder(cluster.servers, values, rate=60)
+    try:
+        wait_for(lambda: asyncio.run(_stored(cluster.servers, "TOPS_IN", ">")) >= 0, 60, interval=0.5,
+                 what="the input stream")
+        feeder.start()
+        wait_for(lambda: feeder.sent >= 12 * 10, 60, what="10 rounds of readings published")
+        workers[0].kill()  # after the choice: its partitions move, the choice stays the cluster's
+        workers.append(Worker(worker_config(tmp_path, cluster, "f2", template=FLEET_TEMPLATE), tmp_path, "f2"))
+        feeder.join(120)
+        assert not feeder.is_alive() and feeder.error is None, feeder.error
+        want_count = 12 * 30 - FLEET_TEMPLATE["holdout"]
+        wait_for(lambda: sum(len(v) for v in asyncio.run(_releases(cluster.servers)).values()) >= want_count, 120,
+                 interval=2.0, what="every release")
+        got = asyncio.run(_releases(cluster.servers))
+        identity = asyncio.run(_identity(cluster.servers))
+    finally:
+        codes = [w.stop() for w in workers[1:]]
+        workers[0].kill()
+    assert codes == [0, 0], [w.log()[-3000:] for w in workers]
+    assert all("Traceback" not in w.log() for w in workers)
+    assert not {k: v for k, v in got.items() if len(v) > 1}, "a (stream, tick) with two values"
+    order = [(s, float(v[i])) for i in range(30) for s, v in values.items()]  # the feeder's order
+    want = fleet_releases(tmp_path / "master.key", identity, {}, order)
+    assert {(s, t): {v} for s, ticks in want.items() for t, v in ticks.items()} == got
+    thetas = {line.split("theta ")[1].split()[0] for w in workers for line in w.log().splitlines()
+              if "fleet holdout generation" in line}
+    assert len(thetas) == 1, thetas  # every worker read the one choice
