@@ -181,7 +181,8 @@ class ClusterWorker:
         else:
             self.js_seq[name] = 0
             self.state_rev[name] = None
-            if self.fleet is not None:  # the seq of its last reading the fleet holdout took: later repeats are dropped
+            if self.fleet is not None:  # its readings the fleet holdout took are its first ticks; later repeats of
+                rec.ticks = self.fleet.held.get(name, 0)  # their seqs are dropped
                 rec.last_seq = self.fleet.last_seq.get(name)
         part.streams.add(name)
         self.of_stream[name] = part.index

@@ -355,10 +355,8 @@ class Router:
             msg = f"stream cap of {self.max_streams} reached"
             raise StreamCapError(msg)
         op = self.maker.operator(name, self)
-        ticks = getattr(op, "ticks", 0)  # a stream that starts with ticks behind it (a fleet holdout took them)
         rec = StreamRecord(name=name, operator=op, name_json=encode_basestring_ascii(name), phase=op.phase,
-                           last_seen=time.monotonic(), error_stats=getattr(op, "error_stats", None),
-                           own_ticks=ticks if type(ticks) is int else 0)
+                           last_seen=time.monotonic(), error_stats=getattr(op, "error_stats", None))
         if self.clock is not None:
             first = self.clock.last_closable(time.time() if now is None else now) + 1
             rec.bins = CategoryBins(first) if getattr(op, "takes_categories", False) else PeriodBins(first)

@@ -114,13 +114,12 @@ def test_json_lines_with_seq_and_bad_lines_around_the_fleet(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(("sections", "line"), [
-    ({"input": {"source": "nats"}}, 'holdout_scope = "fleet" does not run in cluster workers yet'),
     ({"streams": {"mode": "local", "template": {"holdout_scope": "fleet"}}, "local": {"streams": ["z"]}},
      'holdout_scope = "fleet" is for numeric central ToPS streams'),
     ({"streams": {"method": "h16c", "template": {"holdout_scope": "fleet"}}},
      'holdout_scope = "fleet" is for numeric central ToPS streams'),
     ({"streams": {"template": {"theta": 10.0, "holdout": 0}}}, "holdout_scope must be"),
-], ids=["cluster", "local", "baseline", "public-theta"])
+], ids=["local", "baseline", "public-theta"])
 def test_what_the_fleet_does_not_run_is_refused_in_one_line(tmp_path: Path, sections: dict, line: str) -> None:
     doc = _doc(tmp_path)
     for name, values in sections.items():
