@@ -114,6 +114,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", default=".", help="where NAME.csv and NAME.png go (default .)")
     p.add_argument("--name", help="file name stem (default DATA-stem_figN or DATA-stem_compare)")
     p.add_argument("--no-plot", action="store_true", help="write the CSV only")
+    p.add_argument("--holdout-scope", choices=("stream", "fleet"), default="stream",
+                   help="fleet: each stream's own holdout against one fleet holdout, on DATA's streams or DATA cut "
+                   "into --streams pieces (central ToPS; --eps default 1)")
+    p.add_argument("--streams", type=int, default=1000,
+                   help="with --holdout-scope fleet: the pieces a single stream is cut into (default 1000)")
     p.add_argument("--mode", choices=("central", "local"), default="central",
                    help="central (default: ToPS and the paper's baselines) or local (ToPL against the authors' "
                         "reference, always zero and the true density's theta; eps default 0.2,...,4)")
@@ -186,6 +191,10 @@ def run_compare(
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "holdout_scope", "stream") == "fleet":
+        from stream.commands.compare_fleet import main_fleet
+
+        return main_fleet(args)
     if getattr(args, "mode", "central") == "local":
         from stream.commands.compare_local import main_local
 

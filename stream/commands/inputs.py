@@ -277,24 +277,35 @@ def read_streams(path: str | Path) -> tuple[list[str], np.ndarray]:
     except OSError as exc:
         msg = f"{p.name}: cannot read ({exc.strerror or type(exc).__name__})"
         raise InputError(msg) from None
+    if suffix in (".csv", ".txt", ""):
+        return _csv_streams(lines, numbers, p.name)
     names: list[str] = []
     values = np.empty(len(lines))
     for k, (s, n) in enumerate(zip(lines, numbers, strict=True)):
-        where = f"{p.name} line {n}"
-        if suffix in (".csv", ".txt", ""):
-            parts = [f.strip() for f in s.split(",")]
-            name, v = (parts[0], parts[1]) if len(parts) > 1 and not _is_number(parts[0]) else (None, parts[-1])
-            value = float(v) if _is_number(v) else math.nan
-            if not -_FLOAT_MAX <= value <= _FLOAT_MAX:
-                msg = f"{where}: not a finite number"
-                raise InputError(msg)
-        else:
-            name, value = _json_reading(s, where)
+        name, values[k] = _json_reading(s, f"{p.name} line {n}")
         if not name:
-            msg = f"{where}: names no stream (a fleet's file has stream,value lines)"
+            msg = f"{p.name} line {n}: names no stream (a fleet's file has stream,value lines)"
             raise InputError(msg)
         names.append(name)
-        values[k] = value
+    return names, values
+
+
+def _csv_streams(lines: list[str], numbers: list[int], file: str) -> tuple[list[str], np.ndarray]:
+    """:func:`read_streams` of ``stream,value[,ts]`` lines: split and converted in bulk (a line at a time only to
+    name the first bad one)."""
+    parts = [s.split(",", 2) for s in lines]
+    names = [x[0].strip() if len(x) > 1 else "" for x in parts]
+    try:
+        values = np.array([x[1] if len(x) > 1 else "nan" for x in parts], dtype=np.float64)
+    except ValueError:
+        values = np.array([float(x[1]) if len(x) > 1 and _is_number(x[1]) else math.nan for x in parts])
+    bad = np.flatnonzero(~np.isfinite(values) | np.array([not n or _is_number(n) for n in names], dtype=bool))
+    if bad.size:
+        i = int(bad[0])
+        what = "names no stream (a fleet's file has stream,value lines)" if not names[i] or _is_number(names[i]) \
+            else "not a finite number"
+        msg = f"{file} line {numbers[i]}: {what}"
+        raise InputError(msg)
     return names, values
 
 
