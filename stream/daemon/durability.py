@@ -481,6 +481,8 @@ class Durability:
         """A checkpoint that failed: what it was to write is written by the next one."""
         self.changed.update(cut.states)
         self.store.return_admissions(cut.admissions)
+        if cut.meta is not None and FLEET_META in cut.meta:
+            self.fleet_saved = None  # the fleet holdout too
 
     async def checkpoint_async(self) -> None:
         """One consistent checkpoint while intake goes on: its cut in one event-loop step (:meth:`_cut`: the journal

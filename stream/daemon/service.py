@@ -316,13 +316,14 @@ class Daemon:
             make = self._keyed = lambda key: build_operator(template, method, key)
         return make
 
-    def fleet_operator(self, key: bytes) -> Any:
-        """The operator of a new stream of a fleet-holdout template: a member feeding the fleet holdout until its
-        choice, then a ToPS releasing with the choice from the stream's first reading."""
+    def fleet_operator(self, key: bytes, held: int = 0) -> Any:
+        """The operator of a stream of a fleet-holdout template (``held``: its readings the holdout took): a member
+        feeding the fleet holdout until its choice, or, once it is made, a ToPS releasing with it from the stream's
+        next reading."""
         fleet = self.fleet
         assert fleet is not None
-        return FleetMember(fleet, key, at_intake=self.router.clock is None) if fleet.choice is None \
-            else fleet.member(key)
+        return FleetMember(fleet, key, held, at_intake=self.router.clock is None) if fleet.choice is None \
+            else fleet.member(key, held)
 
     def fleet_takes_readings(self) -> bool:
         """Whether the template's fleet holdout still takes readings (it has not chosen)."""
@@ -331,13 +332,8 @@ class Daemon:
     def stored_fleet_member(self, key: bytes, snapshot: dict[str, Any]) -> Any:
         """The operator of a stored stream that was in the fleet holdout (its snapshot says how many of its readings
         the holdout took), or None for any other stored stream (restored as its snapshot says)."""
-        fleet = self.fleet
-        assert fleet is not None
         held = FleetMember.held_in(snapshot)
-        if held is None:
-            return None
-        return FleetMember(fleet, key, held, at_intake=self.router.clock is None) if fleet.choice is None \
-            else fleet.member(key, held)
+        return None if held is None else self.fleet_operator(key, held)
 
     def announce_identity(self) -> None:
         """One line on stderr with the identity the stream keys derive from (also in every status message)."""

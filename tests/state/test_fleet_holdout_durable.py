@@ -132,3 +132,35 @@ def test_a_new_fleet_generation_chooses_again_from_new_readings_only(tmp_path: P
     assert {s["generation"] for s in statuses} == {2}
     shown = tops("state", "--data-dir", str(tmp_path / "state")).stdout.decode()
     assert "fleet holdout (generation 2): theta" in shown, shown
+
+
+def test_a_checkpoint_that_failed_leaves_the_fleet_holdout_to_the_next_one(tmp_path: Path, monkeypatch) -> None:
+    """The disk refuses one checkpoint after the fleet holdout took readings: the next checkpoint must still write
+    the holdout (the streams' states go to the next one too), or a restart would find it older than its streams."""
+    import io
+
+    from stream.core.config import build_config
+    from stream.daemon.service import Daemon
+
+    cfg = build_config({"input": {"source": "stdin"}, "output": {"sinks": ["stdout"]}, "metrics": {"port": 0},
+                        "streams": {"key_file": str(tmp_path / "master.key"), "template": dict(TPL)},
+                        "state": {"data_dir": str(tmp_path / "state")}})
+    d = Daemon(cfg, stdin=io.BytesIO(b""), stdout=io.StringIO(), install_signals=False)
+    d.startup()
+    d.on_lines([f"m{i % 4},{i % 9}".encode() for i in range(25)])
+    store = d.durable.store
+    real = store.commit_checkpoint
+    calls = []
+
+    def refuse_once(*args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(store, "commit_checkpoint", refuse_once)
+    assert not d.durable.try_checkpoint()
+    assert d.durable.try_checkpoint() and len(calls) == 2
+    stored = json.loads(store.meta("fleet_holdout"))
+    assert stored["taken"] == 25 and stored["holdout"]["ticks"] == 25
+    d.shutdown()
