@@ -182,7 +182,7 @@ class ClusterWorker:
             self.js_seq[name] = 0
             self.state_rev[name] = None
             if self.fleet is not None:  # its readings the fleet holdout took are its first ticks; later repeats of
-                rec.ticks = self.fleet.held.get(name, 0)  # their seqs are dropped
+                rec.ticks = rec.released_from = self.fleet.held.get(name, 0)  # their seqs are dropped
                 rec.last_seq = self.fleet.last_seq.get(name)
         part.streams.add(name)
         self.of_stream[name] = part.index

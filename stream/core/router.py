@@ -77,6 +77,8 @@ class StreamRecord:
     # ``lent.detach(i)`` comes before changing it (stream/state/records.py)
     generation: int = 1  # the key's generation (stream/core/keys.py; a new generation restarts the ticks)
     error_stats: bytes | None = None  # the holdout's statistics for error bars (operators/error_stats.py)
+    # the tick its hierarchy starts at, where a fleet holdout took its first readings (its status states it); else 0
+    released_from: int = 0
     described: bool = False  # its status line went to stdout in this run (stream/core/sinks.py)
 
     @property
@@ -741,8 +743,10 @@ class Router:
                 batch = ReleaseBatch(rec, [first + i for i in idx], [ts[i] for i in idx], [out[i] for i in idx],
                                      float(op.theta))
         if op.phase != rec.phase:
-            # an operator that hands its stream on at this change (a fleet's member: to its own ToPS) is replaced
-            rec.operator = op = getattr(op, "successor", None) or op
+            successor = getattr(op, "successor", None)
+            if successor is not None:  # an operator that hands its stream on (a fleet's member: to its own ToPS)
+                rec.released_from = op.held
+                rec.operator = op = successor
             rec.phase = op.phase
             rec.status_due = False
             self.in_holdout -= 1

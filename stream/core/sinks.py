@@ -237,6 +237,9 @@ def status_lines(recs: list[StreamRecord]) -> list[str | None]:
             params = f'{template},{stream_params_json(cfg, theta_units, stats)[1:]}'
             if stats is None:
                 shared[ci, s, theta_units] = params
+        if cfg.holdout_scope == "fleet":
+            params = f'{params[:-1]},"released_from":{rec.released_from}}}'
+
         out.append(f'{{"stream":{rec.name_json},"phase":"releasing","theta":{float(theta)!r}{who},"params":{{{params}}}')
     return out
 
@@ -260,6 +263,8 @@ def _status_json(rec: StreamRecord) -> str:
         status["params"] = local_params(op.config)
         return _compact_json(status)
     own = stream_params_json(op.config, op.theta_units, rec.error_stats)
+    if op.config.holdout_scope == "fleet":
+        own = f'{own[:-1]},"released_from":{rec.released_from}}}'
     return f'{_compact_json(status)[:-1]},"params":{{{_template_json(op.config, op.smoother_layers)},{own[1:]}}}'
 
 
@@ -270,7 +275,10 @@ def release_params(rec: StreamRecord) -> dict[str, Any] | None:
         return None
     if isinstance(op, LocalServer):
         return local_params(op.config)
-    return central_params(op.config, op.theta_units, op.smoother_layers, rec.error_stats)
+    p = central_params(op.config, op.theta_units, op.smoother_layers, rec.error_stats)
+    if op.config.holdout_scope == "fleet":
+        p["released_from"] = rec.released_from
+    return p
 
 
 def central_params(cfg: ToPSConfig, theta_units: int, s: int, error_stats: bytes | None) -> dict[str, Any]:

@@ -411,6 +411,10 @@ class Releases:
             check_parameter("holdout", holdout)
         except ConfigError as exc:
             return None, first, f"{exc} (from {source})"
+        if p.get("holdout_scope") == "fleet":  # its hierarchy starts where the fleet holdout's readings of it end
+            holdout = p.get("released_from")
+            if type(holdout) is not int or not 0 <= holdout < 2**62:
+                return None, first, f"a fleet stream's status without its released_from tick (from {source})"
         mode = p.get("mode", "central")
         mechanism = p.get("mechanism", p.get("method", "tops"))
         if mode == "local":

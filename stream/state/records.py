@@ -38,6 +38,8 @@ def record_state(rec: StreamRecord) -> dict[str, Any]:
     }
     if rec.error_stats is not None:
         state["error_stats"] = _error_stats_state(rec.error_stats)
+    if rec.released_from:
+        state["released_from"] = rec.released_from
     return state
 
 
@@ -105,12 +107,13 @@ class RowStates:
     itself does no per-stream Python work. ``text(i)``: the ``i``-th stream's state, the very text
     ``json.dumps(record_state(rec), separators=(",", ":"))`` writes."""
 
-    __slots__ = ("cols", "error_stats", "lock", "seqs", "texts", "ticks")
+    __slots__ = ("cols", "error_stats", "lock", "released_from", "seqs", "texts", "ticks")
 
     def __init__(self, cols: dict[str, np.ndarray], seqs: list[int | None], ticks: list[int],
-                 error_stats: list[bytes | None] | None = None) -> None:
+                 error_stats: list[bytes | None] | None = None, released_from: list[int] | None = None) -> None:
         self.cols, self.seqs, self.ticks = cols, seqs, ticks
         self.error_stats = error_stats if error_stats is not None else [None] * len(ticks)
+        self.released_from = released_from if released_from is not None else [0] * len(ticks)
         self.texts: list[str] | None = None
         self.lock = threading.Lock()
 
@@ -128,12 +131,14 @@ class RowStates:
         fields = zip(c["ticks"].tolist(), c["clamped"].tolist(), c["theta_units"].tolist(),
                      c["smoother_layers"].tolist(), c["tree"].tolist(), c["leaf"].tolist(), c["pred"].tolist(),
                      c["pos"].tolist(), c["leaf_sum"].tolist(), c["total"].tolist(), self.seqs, self.ticks,
-                     self.error_stats, strict=True)
+                     self.error_stats, self.released_from, strict=True)
         return [_ROW_STATE % (STATE_VERSION, ticks, clamped, theta, s, tree, leaf, pred, pos, leaf_sum, total,
                               "null" if seq is None else json.dumps(seq), rticks,
-                              "" if stats is None else ',"error_stats":' + json.dumps(_error_stats_state(stats),
-                                                                                       separators=(",", ":")))
-                for ticks, clamped, theta, s, tree, leaf, pred, pos, leaf_sum, total, seq, rticks, stats in fields]
+                              ("" if stats is None else ',"error_stats":' + json.dumps(_error_stats_state(stats),
+                                                                                        separators=(",", ":")))
+                              + (f',"released_from":{start}' if start else ""))
+                for ticks, clamped, theta, s, tree, leaf, pred, pos, leaf_sum, total, seq, rticks, stats, start
+                in fields]
 
 
 def record_states(recs: list[StreamRecord]) -> dict[str, Any]:
@@ -176,7 +181,7 @@ def record_states(recs: list[StreamRecord]) -> dict[str, Any]:
             group = [group[i] for i in keep.tolist()]
             col = {k: v[keep] for k, v in col.items()}
         text = RowStates(col, [r.last_seq for r in group], [r.ticks for r in group],
-                         [r.error_stats for r in group]).text
+                         [r.error_stats for r in group], [r.released_from for r in group]).text
         out.update(zip([r.name for r in group], map(partial, repeat(text), range(len(group))), strict=True))
     return out
 
@@ -227,6 +232,8 @@ def apply_state(rec: StreamRecord, state: dict[str, Any]) -> None:
     """Put the non-operator fields of a stored state back into a freshly created record."""
     rec.last_seq = state.get("last_seq")
     rec.ticks = int(state.get("ticks", rec.ticks))
+    start = state.get("released_from", 0)
+    rec.released_from = start if type(start) is int and 0 <= start <= rec.ticks else 0
     stats = state.get("error_stats")
     if isinstance(stats, list) and len(stats) <= 8192 and all(type(c) in (int, float) and abs(c) < 2.0**62
                                                                for c in stats):
