@@ -48,6 +48,7 @@ class AdmittedStreams(StreamMaker):
         self.fleet_member = fleet_member  # a stored stream the template's fleet holdout took readings of
         self.generations: dict[str, int] = {}  # the generation of a stream being made, for its record
         self.restored: dict[str, dict[str, Any]] = {}  # the stored state of a stream being made, for its record
+        self.released_from: dict[str, int] = {}  # the same, for a fleet stream's first release tick
         self._kind: tuple[type, Any] | None = None  # (operator class, its configuration): the same for every stream
 
     def operator(self, name: str, router: Router) -> Any:
@@ -90,6 +91,8 @@ class AdmittedStreams(StreamMaker):
                    f"--new-generation {name})")
             raise StoreError(msg) from None
         self.restored[name] = adm.state
+        if member is not None and member.phase == "releasing":  # stored in the fleet holdout, which has chosen since:
+            self.released_from[name] = member.ticks  # its hierarchy starts after the readings the holdout took
         if op.phase == "holdout":
             self.saved_in_holdout.add(name)
         return op
@@ -102,3 +105,6 @@ class AdmittedStreams(StreamMaker):
         state = self.restored.pop(name, None)
         if state is not None:
             apply_state(rec, state)
+        start = self.released_from.pop(name, None)
+        if start is not None:
+            rec.released_from = start

@@ -88,6 +88,10 @@ def test_restarts_and_kill9_around_the_fleet_choice_release_what_one_run_release
     assert f"fleet holdout (generation 1): theta {theta:g}, chosen from 40 readings" in shown, shown
     assert sum(map(len, got.values())) == len(part1 + part2 + part3) - TPL["holdout"]
     assert sorted(got["m5"]) == [4, 5] and min(got["late"]) == 0  # m5's first 4 readings were the fleet's
+    # each stream's status states where its hierarchy starts, kept across the kill and the restarts
+    statuses = [json.loads(x) for x in r.stdout.decode().splitlines() if '"phase":"releasing"' in x]
+    assert statuses and all(s["params"]["released_from"] == min(got[s["stream"]]) for s in statuses), \
+        [(s["stream"], s["params"]["released_from"], min(got[s["stream"]])) for s in statuses]
 
 
 def test_a_stored_fleet_holdout_that_does_not_fit_stops_the_start_in_one_line(tmp_path: Path) -> None:
