@@ -766,6 +766,10 @@ class ClusterWorker:
                 entry = await meta.get(entry_key)
             except KeyNotFoundError:
                 entry = None
+            except Exception as exc:  # no leader for a moment (a node died): ask again, as the join does
+                log.debug("fleet holdout: %s", type(exc).__name__)
+                await asyncio.sleep(0.5)
+                continue
             if entry is not None:
                 doc = json.loads(entry.value)
                 if not hmac.compare_digest(str(doc.get("key_check")).encode(), self.key_check.encode()):
@@ -784,10 +788,14 @@ class ClusterWorker:
                     next_seq = m.seq + 1
             except NotFoundError:
                 pass
+            except Exception as exc:  # no leader for a moment: the messages read so far are kept, the rest asked again
+                log.debug("fleet holdout: %s", type(exc).__name__)
+                await asyncio.sleep(0.5)
+                continue
             made = read_fleet_holdout(FleetHoldout(cfg, key), messages, self.cfg.input.max_payload_bytes)
             if made is not None:
                 doc = json.dumps(made.to_doc(self.key_check), separators=(",", ":")).encode()
-                with contextlib.suppress(KeyWrongLastSequenceError):
+                with contextlib.suppress(KeyWrongLastSequenceError, TimeoutError):  # a timeout: read, then again
                     await meta.create(entry_key, doc)
                 continue  # what the meta bucket holds now
             await asyncio.sleep(0.2)
