@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import math
+import os
 import sys
 from collections import deque
 from collections.abc import Iterable
@@ -122,14 +123,14 @@ def _off_grid_texts(x: np.ndarray, first: int) -> tuple[list[str], np.ndarray]:
     return [repr(v) for v in x[off].tolist()], which
 
 
-def encode_release_rows(rows: RowReleases, epsilon: float) -> str:
+def encode_release_rows(rows: RowReleases, epsilon: float) -> bytes:
     """Every line of ``rows`` (each followed by a newline), in one buffer written by a compiled pass
     (stream/core/_release_text.py): the text :func:`encode_releases` writes for each stream's batch, character for
     character. Values and thetas on the release grid are written by that pass; each distinct time, and every other
     value and theta, is formatted by ``repr``."""
     n = rows.values.size
     if not n:
-        return ""
+        return b""
     ts_texts, ts_of = _distinct_texts(rows.ts)
     texts = [*ts_texts, repr(float(epsilon))]
     epsilon_text = len(ts_texts)
@@ -160,7 +161,7 @@ def encode_release_rows(rows: RowReleases, epsilon: float) -> str:
                                 theta_text, np.frombuffer(name_bytes, dtype=np.uint8), name_at,
                                 np.frombuffer("".join(texts).encode(), dtype=np.uint8), text_at, epsilon_text,
                                 head, tick, ts, value, eps, theta)
-    return out[:written].tobytes().decode()
+    return out[:written].tobytes()
 
 
 def releases_in(releases: Releases | list[ReleaseBatch]) -> int:
@@ -171,16 +172,19 @@ def releases_in(releases: Releases | list[ReleaseBatch]) -> int:
     return sum(len(b.ticks) for b in releases)
 
 
-def encode_step(releases: Releases | list[ReleaseBatch], epsilon: float) -> str:
-    """Every line of one processing step's releases, each followed by a newline, in order: the release rows' in one
-    compiled pass (:func:`encode_release_rows`), the other batches' as :func:`encode_all` writes them."""
+def encode_step(releases: Releases | list[ReleaseBatch], epsilon: float) -> list[bytes]:
+    """Every line of one processing step's releases, each followed by a newline, in order, as UTF-8 pieces to be
+    written one after the other: the release rows' in one compiled pass (:func:`encode_release_rows`), the other
+    batches' as :func:`encode_all` writes them."""
     if isinstance(releases, Releases):
         rows, others = releases.rows, releases.others
     else:
         rows, others = None, releases
-    head = encode_release_rows(rows, epsilon) if rows is not None else ""
+    pieces = [encode_release_rows(rows, epsilon)] if rows is not None else []
     tail = encode_all(others, epsilon) if others else []
-    return head + ("\n".join(tail) + "\n" if tail else "")
+    if tail:
+        pieces.append(("\n".join(tail) + "\n").encode())
+    return pieces
 
 
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode
@@ -512,20 +516,54 @@ class PublishQueue:
 
 
 class StdoutSink:
-    """JSONL releases on a text stream (stdout by default), flushed after every processing step."""
+    """JSONL releases on a text stream (stdout by default), flushed after every processing step.
+
+    The lines come as UTF-8 bytes (the compiled encoder's buffer) and go to the stream's binary buffer as they are,
+    after whatever text the stream still holds; a stream without one (``io.StringIO``) is given them decoded."""
 
     def __init__(self, out: IO[str] | None = None) -> None:
         self.out = out if out is not None else sys.stdout
+        self.binary: IO[bytes] | None = getattr(self.out, "buffer", None)
+        self.gone = False  # the reader went away (a closed pipe): nothing more is written
 
-    def write_text(self, lines: str) -> None:
-        """Lines already joined, each followed by a newline."""
-        if lines:
-            self.out.write(lines)
+    def write_lines(self, pieces: list[bytes]) -> None:
+        """Lines already encoded, each followed by a newline, in pieces written in order. When the reader has gone
+        away, :attr:`gone` is set and the lines are dropped (the daemon then stops)."""
+        if self.gone:
+            return
+        try:
+            if self.binary is None:
+                for piece in pieces:
+                    self.out.write(piece.decode())
+                return
+            self.out.flush()  # text written to the stream before (none from the daemon) goes first
+            for piece in pieces:
+                self.binary.write(piece)
+        except (BrokenPipeError, ValueError):
+            self._reader_gone()
 
     def flush(self) -> None:
+        if self.gone:
+            return
         try:
             self.out.flush()
-        except (BrokenPipeError, ValueError):  # reader went away; nothing to do
-            pass
+            if self.binary is not None:
+                self.binary.flush()
+        except (BrokenPipeError, ValueError):
+            self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        """The pipe is closed: what the buffers still hold is dropped, and the stream's descriptor points at
+        /dev/null, so that no later flush (the interpreter's at exit) fails again."""
+        self.gone = True
+        try:
+            fd = self.out.fileno()
+        except (OSError, ValueError, AttributeError):
+            return
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
 
 

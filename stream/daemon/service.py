@@ -903,9 +903,13 @@ class Daemon:
         if stdout is not None and batches:
             # the status lines of streams first described here, then every release of the step, in one write
             heads = self.describe(batches)
-            stdout.write_text("".join(line + "\n" for line in heads) + encode_step(batches, eps))
+            head = "".join(line + "\n" for line in heads).encode()
+            stdout.write_lines([head, *encode_step(batches, eps)] if head else encode_step(batches, eps))
             self.stdout_written += releases_in(batches)
             stdout.flush()
+            if stdout.gone and not self.stopping.is_set():
+                log.info("stopping: the reader of stdout went away; finishing what was accepted")
+                self.stopping.set()
         status = self.router.status_now
         if status:
             self.phase_log.note_many([(rec.name, phase) for rec, phase in status if phase is not None])

@@ -122,7 +122,7 @@ def test_bulk_encoding_is_byte_for_byte_what_the_per_release_encoder_writes() ->
         for n_streams in (1, 2, 17, 3000):
             rows = _row_releases(rng, n_streams)
             want = "".join(line + "\n" for b in rows.batches() for line in encode_releases(b, eps))
-            assert encode_release_rows(rows, eps) == want
+            assert encode_release_rows(rows, eps) == want.encode()
 
 
 def test_every_value_of_the_release_grid_is_written_as_its_repr() -> None:
@@ -138,4 +138,4 @@ def test_every_value_of_the_release_grid_is_written_as_its_repr() -> None:
     for values in (every, spread):
         rows = _row_releases(rng, len(values) // 3, values)
         want = "".join(line + "\n" for b in rows.batches() for line in encode_releases(b, 1.0))
-        assert encode_release_rows(rows, 1.0) == want
+        assert encode_release_rows(rows, 1.0) == want.encode()
