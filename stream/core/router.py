@@ -53,6 +53,7 @@ log = logging.getLogger("tops.router")
 _row_of = attrgetter("operator.row")
 
 _COUNTS = ("ok", "late", "duplicate", "invalid", "failed")
+ROWS_ENDED_TOGETHER = 8192  # holdout rows ending in one step are chosen this many at a time (bounds the arrays)
 
 
 @dataclass(slots=True, eq=False)
@@ -939,7 +940,9 @@ class Router:
         kernels loaded, or a configuration rows do not release): the caller chooses for them."""
         back: list[tuple[StreamRecord, ToPS]] = []
         pool = self.pool
-        for store, group in _by_store(recs):
+        slices = [(store, whole[at : at + ROWS_ENDED_TOGETHER]) for store, whole in _by_store(recs)
+                  for at in range(0, len(whole), ROWS_ENDED_TOGETHER)]  # what the choice's arrays hold at once
+        for store, group in slices:
             for rec in group:
                 self._detach_from_checkpoint(rec)
             rows = np.array([rec.operator.row for rec in group], dtype=np.int64)

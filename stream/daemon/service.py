@@ -83,6 +83,7 @@ HANDLED_SIGNALS = (
 )
 
 ACCOUNT_INTERVAL = 0.25  # seconds between pushes of local counters into the metrics
+STATUS_LINES_A_WRITE = 4096  # status lines encoded together before stdout takes them (bounds their text in memory)
 
 
 class RateLimitedLog:
@@ -902,9 +903,11 @@ class Daemon:
                         pubq.put(topic, line.encode(), retain, 1)
         if stdout is not None and batches:
             # the status lines of streams first described here, then every release of the step, in one write
-            heads = self.describe(batches)
-            head = "".join(line + "\n" for line in heads).encode()
-            stdout.write_lines([head, *encode_step(batches, eps)] if head else encode_step(batches, eps))
+            new = self.first_described(batches)
+            for at in range(0, len(new), STATUS_LINES_A_WRITE):  # the text of a few thousand at a time in memory
+                heads = [line for line in status_lines(new[at : at + STATUS_LINES_A_WRITE]) if line is not None]
+                stdout.write_lines(["".join(line + "\n" for line in heads).encode()])
+            stdout.write_lines(encode_step(batches, eps))
             self.stdout_written += releases_in(batches)
             stdout.flush()
             if stdout.gone and not self.stopping.is_set():
@@ -922,10 +925,10 @@ class Daemon:
             status.clear()
 
     @staticmethod
-    def describe(batches: Releases | list[ReleaseBatch]) -> list[str]:
-        """The status lines that go to stdout before the releases of ``batches``: one for each releasing numeric
+    def first_described(batches: Releases | list[ReleaseBatch]) -> list[StreamRecord]:
+        """The streams whose status lines go to stdout before the releases of ``batches``: each releasing numeric
         stream whose first release in this run's output is among them (``stream.core.sinks.status_line``), so that
-        a file of releases says what they mean without a retained message."""
+        a file of releases says what they mean without a retained message; they are marked described."""
         if isinstance(batches, Releases):  # the rows' streams read without making their batches
             rows = batches.rows
             new = [rec for rec in rows.records if not rec.described] if rows is not None else []
@@ -935,7 +938,7 @@ class Daemon:
         new = list(dict.fromkeys(new))  # a stream once (its releases may come in more than one part)
         for rec in new:
             rec.described = True
-        return [line for line in status_lines(new) if line is not None]
+        return new
 
     def publish_status(self, rec: StreamRecord) -> None:
         rec.status_due = False

@@ -70,3 +70,25 @@ def test_a_streams_own_params_are_written_as_the_json_encoder_writes_them() -> N
             assert stream_params_json(cfg, theta_units, blob) == _compact_json(stream_params(cfg, theta_units, blob))
         for theta_units in (0, 5, bound_units):
             assert stream_params_json(cfg, theta_units, None) == _compact_json(stream_params(cfg, theta_units, None))
+
+
+def test_status_lines_written_a_few_at_a_time_each_come_before_their_streams_first_release(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that starts many streams writes their status lines in slices (``STATUS_LINES_A_WRITE``, here 7): every
+    stream still has exactly one, the first of its lines in the file, before any release of the step."""
+    import json
+
+    monkeypatch.setattr(daemon_mod, "STATUS_LINES_A_WRITE", 7)
+    cfg = build_config({"metrics": {"port": 0}, "state": {"data_dir": ""}, "input": {"source": "stdin"},
+                        "streams": {"key_file": str(tmp_path / "k"), "template": TEMPLATES[0]}})
+    out = io.StringIO()
+    d = daemon_mod.Daemon(cfg, stdin=io.BytesIO(b""), stdout=out, install_signals=False)
+    d.startup()
+    names = [f"m{i}" for i in range(100)]
+    for v in range(5):
+        d.on_lines([f"{n},{v}".encode() for n in names])
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    statuses = [x["stream"] for x in lines if "phase" in x]
+    assert sorted(statuses) == sorted(names)
+    first_release = next(i for i, x in enumerate(lines) if "tick" in x)
+    assert all("phase" in x for x in lines[:first_release]) and len(statuses) == first_release

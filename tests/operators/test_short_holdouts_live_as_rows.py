@@ -25,6 +25,7 @@ from operators.columnar_holdout import (
 from operators.config import ToPSConfig
 from operators.noise import KeyedGenerator, KeyRows, discrete_laplace_one_many
 from operators.tops import ToPS, choose_ends
+from stream.core import router as router_module
 from stream.core.router import Router
 from tests.support import failing_batch, feed_router, holdout_readings, key_of
 
@@ -227,11 +228,13 @@ CFGS = [ToPSConfig(epsilon=1.0, bound=5000, holdout=3, holdout_grid="compact"),
         ToPSConfig(epsilon=1.0, bound=5000, holdout=7, holdout_grid="compact", fanout=4, query_range=256)]
 
 
-@pytest.mark.parametrize("step", [1, 40, 5000])
-def test_the_router_ends_rows_in_rows(step: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("step", "together"), [(1, 8192), (40, 8192), (5000, 8192), (5000, 7)])
+def test_the_router_ends_rows_in_rows(step: int, together: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Streams of configurations that end in rows are rows from their first reading and never an operator on the way
     to their release row (``take`` is never called), alongside streams that are objects; each releases what it
-    releases alone, and the router's counts stay right."""
+    releases alone, and the router's counts stay right; also when a step's ends are chosen a few rows at a time
+    (``together``, below the 30 of a configuration that end in one step)."""
+    monkeypatch.setattr(router_module, "ROWS_ENDED_TOGETHER", together)
     taken = []
     real_take = ColumnarHoldout.take
     monkeypatch.setattr(ColumnarHoldout, "take", lambda self, r: taken.append(r) or real_take(self, r))
