@@ -89,10 +89,12 @@ def checked_batch(rows: Any, values: Any, n_rows: int) -> tuple[np.ndarray, np.n
     return rows, values
 
 
-def _grown(capacity: int, need: int) -> int:
-    """The capacity a store grows to when it must hold ``need`` rows: a quarter more (about an eighth of the rows
-    unused on average, where doubling leaves a quarter), at least ``need``."""
-    return max(need, capacity + max(capacity // 4, 16))
+def _grown(capacity: int, need: int, most: int | None) -> int:
+    """The capacity a store grows to when it must hold ``need`` rows: doubled until it does, but never past ``most``
+    (the rows it can ever hold, when known) unless ``need`` is more."""
+    while capacity < need:
+        capacity *= 2
+    return capacity if most is None else max(need, min(capacity, most))
 
 
 class FreeRows:
@@ -141,13 +143,15 @@ class FreeRows:
 
 
 class RowStore:
-    """Rows of arrays handed out and given back (freed rows first), growing by a quarter (at least to what is
-    asked): what the columnar stores share. A subclass lists its columns in :meth:`_columns` (name, dtype, the shape
-    of one row's part) and frees a row with :meth:`_give_back`."""
+    """Rows of arrays handed out and given back (freed rows first), growing by doubling up to ``most`` rows (the
+    most it will be asked for, e.g. the daemon's stream cap; None: unknown): what the columnar stores share. A
+    subclass lists its columns in :meth:`_columns` (name, dtype, the shape of one row's part) and frees a row with
+    :meth:`_give_back`."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, most: int | None = None) -> None:
         self.rows = 0  # rows ever handed out (the high-water mark); freed ones are reused first
         self.capacity = 0
+        self.most = most
         self._free = FreeRows()
         self._key_bytes: memoryview | None = None  # the key column's bytes, flat (made again when the store grows)
         self._alloc(capacity)
@@ -175,7 +179,7 @@ class RowStore:
         if self._free:
             return self._free.pop()
         if self.rows == self.capacity:
-            self._alloc(_grown(self.capacity, self.rows + 1))
+            self._alloc(_grown(self.capacity, self.rows + 1, self.most))
         self.rows += 1
         return self.rows - 1
 
@@ -185,7 +189,7 @@ class RowStore:
         reused = self._free.pop_many(n)  # in the order :meth:`_new_row` pops them
         fresh = n - len(reused)
         if self.rows + fresh > self.capacity:
-            self._alloc(_grown(self.capacity, self.rows + fresh))
+            self._alloc(_grown(self.capacity, self.rows + fresh, self.most))
         rows = np.empty(n, dtype=np.int64)
         rows[: len(reused)] = reused
         rows[len(reused):] = np.arange(self.rows, self.rows + fresh)
@@ -248,7 +252,7 @@ class TreeShapes:
 class ColumnarRelease(RowStore):
     """Releasing ToPS streams as rows of arrays; :meth:`process` releases a batch of readings of any of them."""
 
-    def __init__(self, capacity: int = 1024, *, ahead: int = 16) -> None:
+    def __init__(self, capacity: int = 1024, *, ahead: int = 16, most: int | None = None) -> None:
         if ahead < 1 or capacity < 1:
             msg = "capacity and ahead must be at least 1"
             raise ValueError(msg)
@@ -263,7 +267,7 @@ class ColumnarRelease(RowStore):
         # a public theta's new row, by the configuration's identity (cheaper than hashing it): the
         # configuration itself (kept: its id cannot be reused) and what its rows start from
         self._births: dict[int, tuple[ToPSConfig, tuple[int, int, SmootherState, int]]] = {}
-        super().__init__(capacity)
+        super().__init__(capacity, most)
 
     def _columns(self) -> list[tuple[str, Any, tuple[int, ...]]]:
         return [*((name, np.int64, ()) for name in _INT_COLUMNS), *((name, np.float64, ()) for name in _FLOAT_COLUMNS),

@@ -101,10 +101,11 @@ def _ends_in_rows(config: ToPSConfig) -> bool:
                          threshold_epsilon=choice_epsilon(config))
 
 
-def holdout_store(config: ToPSConfig, capacity: int = 1024) -> ColumnarHoldout | ShortHoldout:
+def holdout_store(config: ToPSConfig, capacity: int = 1024, most: int | None = None) -> ColumnarHoldout | ShortHoldout:
     """The columnar holdout of a configuration whose streams can be holdout rows: :class:`ColumnarHoldout` on the
-    compact grid, :class:`ShortHoldout` on the exact one."""
-    return ColumnarHoldout(config, capacity) if config.holdout_grid == "compact" else ShortHoldout(config, capacity)
+    compact grid, :class:`ShortHoldout` on the exact one (``most``: the rows it can ever be asked for, or None)."""
+    kind = ColumnarHoldout if config.holdout_grid == "compact" else ShortHoldout
+    return kind(config, capacity, most)
 
 
 def born_in_rows(config: ToPSConfig) -> bool:
@@ -120,7 +121,7 @@ class ColumnarHoldout(RowStore):
     of any of them. The caller keeps every row's readings inside its holdout: the reading that ends it belongs to the
     stream's operator (:meth:`take`), which makes the choice."""
 
-    def __init__(self, config: ToPSConfig, capacity: int = 1024) -> None:
+    def __init__(self, config: ToPSConfig, capacity: int = 1024, most: int | None = None) -> None:
         if capacity < 1:
             msg = "capacity must be at least 1"
             raise ValueError(msg)
@@ -143,7 +144,7 @@ class ColumnarHoldout(RowStore):
         top = int(self.widths.max(initial=0)) * int(self.caps.max(initial=0))
         self._sum_type = np.int32 if top < 1 << 30 else np.int64
         self.ends_in_rows = ends_in_rows(config)
-        super().__init__(capacity)
+        super().__init__(capacity, most)
 
     def _columns(self) -> list[tuple[str, Any, tuple[int, ...]]]:
         w, c = self._block_shape
@@ -338,7 +339,7 @@ class ShortHoldout(RowStore):
     holding the very numbers the stream's own operator holds after the same readings (its histogram's cells even in
     the order they were first met), so snapshots, checkpoints and restarts are unchanged."""
 
-    def __init__(self, config: ToPSConfig, capacity: int = 1024) -> None:
+    def __init__(self, config: ToPSConfig, capacity: int = 1024, most: int | None = None) -> None:
         if capacity < 1:
             msg = "capacity must be at least 1"
             raise ValueError(msg)
@@ -350,7 +351,7 @@ class ShortHoldout(RowStore):
         self.bound_units = math.floor(config.span / config.resolution + 1e-9)
         self.m = config.holdout_ticks
         self.ends_in_rows = True
-        super().__init__(capacity)
+        super().__init__(capacity, most)
 
     def _columns(self) -> list[tuple[str, Any, tuple[int, ...]]]:
         return [("cell", np.int32, (self.m,)), ("ticks", np.int64, ()), ("clamped", np.int64, ()),

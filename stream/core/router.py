@@ -282,7 +282,8 @@ class Router:
         fanout, so a refill enters whole leaf groups) cost 128 B of a row. ``rows``: the columnar store to use (a
         test's, which fails on demand) instead of a new one."""
         if self.pool is None:
-            self.pool = rows if rows is not None else ColumnarRelease(capacity=max(1, capacity), ahead=ahead)
+            self.pool = rows if rows is not None else ColumnarRelease(capacity=max(1, min(capacity, self.max_streams)),
+                                                                      ahead=ahead, most=self.max_streams)
         if self.holdouts is None:
             self.holdouts = {}
 
@@ -310,7 +311,7 @@ class Router:
         if store is None or store.config is not cfg:
             store = self.holdouts.get(cfg)
             if store is None:
-                store = self.holdouts[cfg] = holdout_store(cfg)
+                store = self.holdouts[cfg] = holdout_store(cfg, min(1024, self.max_streams), self.max_streams)
             self._holdout_of[id(cfg)] = store  # the store keeps its configuration: the id cannot be reused
         return store
 

@@ -197,8 +197,8 @@ def test_keys_written_through_the_flat_view_land_in_their_rows_as_the_store_grow
     store = holdout_store(cfg, capacity=1)
     rng = np.random.default_rng(9)
     keys = [rng.bytes(32) for _ in range(40)]
-    rows = [store.add_new(k) for k in keys]  # grows 1 -> 17 -> 33 -> 49, the view made again at each growth
-    assert store.capacity == 49
+    rows = [store.add_new(k) for k in keys]  # grows 1 -> 64, the view made again at each growth
+    assert store.capacity == 64
     assert [store.key[r].tobytes() for r in rows] == keys
     store.release(rows[7])
     assert not store.key[rows[7]].any()
@@ -470,3 +470,19 @@ def test_a_short_row_holds_an_operators_holdout_as_its_readings_cells() -> None:
         store.choose_ends(np.array([a]))
     with pytest.raises(ValueError, match="ends in rows"):
         ShortHoldout(ToPSConfig(epsilon=1.0, bound=5000, holdout=40))
+
+
+def test_a_store_told_the_most_rows_it_holds_grows_no_further() -> None:
+    """A store made with ``most`` (the daemon's stream cap) doubles as it fills but stops at ``most`` rows: no room
+    for rows that can never come (at a cap of 100,000 streams, doubling alone would make room for 131,072)."""
+    from operators.columnar import ColumnarRelease
+
+    cfg = ToPSConfig(epsilon=1.0, bound=5000, holdout=3)
+    store = holdout_store(cfg, capacity=4, most=50)
+    rows = [store.add_new(bytes([i]) * 32) for i in range(50)]
+    assert store.capacity == 50 and sorted(rows) == list(range(50))
+    release = ColumnarRelease(capacity=4, most=50)
+    got, _ = release.new_rows(33)
+    assert release.capacity == 50 and got.tolist() == list(range(33))
+    got, _ = release.new_rows(20)  # past the most it was told of: room for what is asked, no more
+    assert release.capacity == 53
