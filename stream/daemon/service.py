@@ -118,6 +118,7 @@ class Daemon:
         self.heap = heap  # `tops run` keeps the collector's full passes short (stream/daemon/heap.py); tests do not
         self.stdin_stream = stdin if stdin is not None else sys.stdin.buffer
         self.stdout = StdoutSink(stdout) if "stdout" in cfg.output.sinks else None
+        self.stdout_left = False  # its reader went away (noted once: the run stops, or goes on to the broker)
         self.operator_factory = operator_factory
         self.install_signals = install_signals
         # period counts: the number of events is the protected value, so no metric may count them
@@ -910,9 +911,13 @@ class Daemon:
             stdout.write_lines(encode_step(batches, eps))
             self.stdout_written += releases_in(batches)
             stdout.flush()
-            if stdout.gone and not self.stopping.is_set():
-                log.info("stopping: the reader of stdout went away; finishing what was accepted")
-                self.stopping.set()
+            if stdout.gone and not self.stdout_left:
+                self.stdout_left = True
+                if self.mqtt_out:
+                    log.warning("the reader of stdout went away; releases go on to the broker only")
+                elif not self.stopping.is_set():
+                    log.info("stopping: the reader of stdout went away; finishing what was accepted")
+                    self.stopping.set()
         status = self.router.status_now
         if status:
             self.phase_log.note_many([(rec.name, phase) for rec, phase in status if phase is not None])

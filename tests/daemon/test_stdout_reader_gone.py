@@ -1,5 +1,6 @@
 """A reader of stdout that goes away (``tops run ... | head``) ends the run as a signal would: what was accepted is
-drained and checkpointed, the exit code is 0, and stderr has one line saying why, never a traceback."""
+drained and checkpointed, the exit code is 0, and stderr has one line saying why, never a traceback. When the broker
+is a sink too, the releases go on there."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import ROOT, stdin_config
+import pytest
+
+from tests.support import ROOT, DaemonProcess, Subscriber, daemon_config, free_port, publish, stdin_config, wait_for
 
 
 def test_the_reader_of_stdout_going_away_stops_the_run_cleanly(tmp_path: Path) -> None:
@@ -36,3 +39,29 @@ def test_the_reader_of_stdout_going_away_stops_the_run_cleanly(tmp_path: Path) -
     restarted = subprocess.run([sys.executable, "-m", "stream.cli", "state", "--config", str(config)], cwd=ROOT,
                                capture_output=True, text=True, timeout=60, check=False)
     assert restarted.returncode == 0, restarted.stderr  # the store was closed cleanly: it opens again
+
+
+@pytest.mark.network
+def test_with_the_broker_a_sink_too_releases_go_on_there_after_the_reader_of_stdout_went_away(mosquitto,
+                                                                                                tmp_path: Path) -> None:
+    mport = free_port()
+    cfg = daemon_config(tmp_path, mosquitto.port, mport, output={"sinks": ["stdout", "mqtt"], "status_topic": ""})
+    daemon = DaemonProcess(cfg, mport, tmp_path, stdout=subprocess.PIPE)
+    sub = Subscriber(mosquitto.port, "dp/a")
+    try:
+        daemon.wait_connected()
+        sub.wait_ready("dp/a")
+        publish(mosquitto.port, "meters/a/reading", [str(i % 90) for i in range(100)])
+        assert daemon.proc.stdout is not None
+        assert daemon.proc.stdout.readline().startswith(b"{")  # stdout is written
+        daemon.proc.stdout.close()  # and its reader goes away
+        publish(mosquitto.port, "meters/a/reading", [str(i % 90) for i in range(100, 300)])
+        wait_for(lambda: len([p for p in sub.payloads() if "tick" in p]) >= 250, 30, what="every release on the broker")
+        assert sorted(p["tick"] for p in sub.payloads() if "tick" in p) == list(range(50, 300))
+        wait_for(lambda: "releases go on to the broker only" in daemon.stderr(), 10, what="the note on stderr")
+        assert daemon.proc.poll() is None  # still running
+        assert daemon.stop() == 0
+    finally:
+        sub.close()
+        daemon.kill()
+    assert "Traceback" not in daemon.stderr()
