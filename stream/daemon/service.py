@@ -902,22 +902,23 @@ class Daemon:
                 else:
                     for line in lines:
                         pubq.put(topic, line.encode(), retain, 1)
-        if stdout is not None and batches:
-            # the status lines of streams first described here, then every release of the step, in one write
+        if stdout is not None and batches and not stdout.gone:
+            # the status lines of streams first described here, then every release of the step
             new = self.first_described(batches)
             for at in range(0, len(new), STATUS_LINES_A_WRITE):  # the text of a few thousand at a time in memory
                 heads = [line for line in status_lines(new[at : at + STATUS_LINES_A_WRITE]) if line is not None]
                 stdout.write_lines(["".join(line + "\n" for line in heads).encode()])
             stdout.write_lines(encode_step(batches, eps))
-            self.stdout_written += releases_in(batches)
             stdout.flush()
-            if stdout.gone and not self.stdout_left:
-                self.stdout_left = True
-                if self.mqtt_out:
-                    log.warning("the reader of stdout went away; releases go on to the broker only")
-                elif not self.stopping.is_set():
-                    log.info("stopping: the reader of stdout went away; finishing what was accepted")
-                    self.stopping.set()
+            if not stdout.gone:  # written (the releases of a step the reader left in count as not written)
+                self.stdout_written += releases_in(batches)
+        if stdout is not None and stdout.gone and not self.stdout_left:
+            self.stdout_left = True
+            if self.mqtt_out:
+                log.warning("the reader of stdout went away; releases go on to the broker only")
+            elif not self.stopping.is_set():
+                log.info("stopping: the reader of stdout went away; finishing what was accepted")
+                self.stopping.set()
         status = self.router.status_now
         if status:
             self.phase_log.note_many([(rec.name, phase) for rec, phase in status if phase is not None])

@@ -60,6 +60,10 @@ def test_with_the_broker_a_sink_too_releases_go_on_there_after_the_reader_of_std
         assert sorted(p["tick"] for p in sub.payloads() if "tick" in p) == list(range(50, 300))
         wait_for(lambda: "releases go on to the broker only" in daemon.stderr(), 10, what="the note on stderr")
         assert daemon.proc.poll() is None  # still running
+        # stdout's count stops at what it wrote; the broker's comes to every release
+        m = wait_for(lambda: (m := daemon.metrics())["tops_releases_total{sink=mqtt}"] >= 250 and m, 20,
+                     what="the broker's count")
+        assert m["tops_releases_total{sink=mqtt}"] == 250 and m["tops_releases_total{sink=stdout}"] < 250
         assert daemon.stop() == 0
     finally:
         sub.close()
