@@ -528,7 +528,8 @@ class StdoutSink:
 
     def write_lines(self, pieces: list[bytes]) -> None:
         """Lines already encoded, each followed by a newline, in pieces written in order. When the reader has gone
-        away, :attr:`gone` is set and the lines are dropped (the daemon then stops)."""
+        away (a closed pipe or stream), :attr:`gone` is set and the lines are dropped: the daemon then stops, or goes on
+        with the broker alone."""
         if self.gone:
             return
         try:
@@ -539,8 +540,8 @@ class StdoutSink:
             self.out.flush()  # text written to the stream before (none from the daemon) goes first
             for piece in pieces:
                 self.binary.write(piece)
-        except (BrokenPipeError, ValueError):
-            self._reader_gone()
+        except (BrokenPipeError, ValueError) as exc:
+            self._reader_gone(exc)
 
     def flush(self) -> None:
         if self.gone:
@@ -549,12 +550,15 @@ class StdoutSink:
             self.out.flush()
             if self.binary is not None:
                 self.binary.flush()
-        except (BrokenPipeError, ValueError):
-            self._reader_gone()
+        except (BrokenPipeError, ValueError) as exc:
+            self._reader_gone(exc)
 
-    def _reader_gone(self) -> None:
-        """The pipe is closed: what the buffers still hold is dropped, and the stream's descriptor points at
-        /dev/null, so that no later flush (the interpreter's at exit) fails again."""
+    def _reader_gone(self, exc: Exception) -> None:
+        """The pipe or the stream is closed: what the buffers still hold is dropped, and the stream's descriptor
+        points at /dev/null, so that no later flush (the interpreter's at exit) fails again. Any other ValueError is
+        a bug, raised as it is."""
+        if not isinstance(exc, BrokenPipeError) and not getattr(self.out, "closed", False):
+            raise exc
         self.gone = True
         try:
             fd = self.out.fileno()

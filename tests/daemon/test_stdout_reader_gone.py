@@ -69,3 +69,26 @@ def test_with_the_broker_a_sink_too_releases_go_on_there_after_the_reader_of_std
         sub.close()
         daemon.kill()
     assert "Traceback" not in daemon.stderr()
+
+
+def test_a_closed_stream_is_a_reader_gone_and_any_other_error_is_raised() -> None:
+    """The sink takes a closed stream for a reader that went away (its lines dropped from then on), but a ValueError
+    of a stream that is still open is a bug: it is raised, not taken for a closed pipe."""
+    import io
+
+    from stream.core.sinks import StdoutSink
+
+    closed = io.StringIO()
+    sink = StdoutSink(closed)
+    sink.write_lines([b'{"a":1}\n'])
+    closed.close()
+    sink.write_lines([b'{"a":2}\n'])
+    assert sink.gone
+
+    class Refusing(io.StringIO):
+        def write(self, s: str) -> int:
+            msg = "not a closed stream"
+            raise ValueError(msg)
+
+    with pytest.raises(ValueError, match="not a closed stream"):
+        StdoutSink(Refusing()).write_lines([b'{"a":1}\n'])
